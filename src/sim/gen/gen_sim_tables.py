@@ -123,6 +123,16 @@ def main():
     lines += [f"CUDASIM_DRV_ERROR({n}, {v}, {c_string(d)})" for n, v, d in drv_errors]
     write_if_changed(os.path.join(args.out, "error_tables.inc"), "\n".join(lines) + "\n")
 
+    # Version scripts: cudasim exports exactly what the real libraries export (the runtime's
+    # symbols under the version node libcudart.so.13, the driver's unversioned), plus the
+    # driver's cudasim_* additions.
+    write_if_changed(os.path.join(args.out, "libcudart.map"),
+                     "libcudart.so.13 {\n  global:\n" + "".join(f"    {n};\n" for n in rt) +
+                     "  local: *;\n};\n")
+    write_if_changed(os.path.join(args.out, "libcuda.map"),
+                     "{\n  global:\n" + "".join(f"    {n};\n" for n in drv) +
+                     "    cudasim_*;\n  local: *;\n};\n")
+
     # The export lists, one name per line: the ABI test compares cudasim's exports with them.
     write_if_changed(os.path.join(args.out, "cudart_exports.txt"), "\n".join(rt) + "\n")
     write_if_changed(os.path.join(args.out, "driver_exports.txt"), "\n".join(drv) + "\n")

@@ -1,0 +1,71 @@
+// cudasim's unified address space: every range the driver handed out, by start address.
+//
+// Kinds: device blocks (cuMemAlloc / cudaMalloc / cuMemAllocAsync: anonymous mappings,
+// host-accessible so that CPU code can stand in for kernels), VMM reservations (PROT_NONE
+// until cuMemMap maps memfd pages with MAP_FIXED; cuMemSetAccess is mprotect), pinned
+// host memory (cuMemHostAlloc) and registered host ranges (cuMemHostRegister).
+//
+// Invariants: regions never overlap; a reservation's mappings lie inside it, never
+// overlap, and each covers whole granules; a VA that is not inside a mapping with
+// access rights is PROT_NONE, so touching it raises SIGSEGV as a GPU raises an illegal
+// address.
+//
+// Thread safety: one shared mutex guards the map; lookups take it shared, changes take
+// it exclusively. No stream work runs under it.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <map>
+#include <shared_mutex>
+
+namespace cudasim {
+
+enum class RegionKind { kDevice, kReservation, kPinnedHost, kRegisteredHost };
+
+struct Mapping {
+  uint64_t size = 0;
+  uint64_t physical_id = 0;                       // the CUmemGenericAllocationHandle
+  int device = 0;
+  CUmemAccess_flags access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+};
+
+struct Region {
+  uintptr_t base = 0;
+  uint64_t size = 0;        // bytes the program asked for (reservations: the reserved size)
+  uint64_t map_size = 0;    // bytes actually mmapped
+  RegionKind kind = RegionKind::kDevice;
+  int device = 0;
+  unsigned flags = 0;       // host allocation / registration flags
+  uint64_t charged = 0;     // bytes charged against the device's capacity
+  bool free_pending = false;  // cuMemFreeAsync queued
+  std::map<uintptr_t, Mapping> mappings;  // reservations only: by start address
+};
+
+struct AddressSpace {
+  std::shared_mutex mu;
+  std::map<uintptr_t, Region> regions;
+
+  // The region containing `addr`, or nullptr. Caller holds mu.
+  Region* find(uintptr_t addr);
+  // True when [base, base+size) intersects a region. Caller holds mu.
+  bool overlaps(uintptr_t base, uint64_t size);
+};
+
+AddressSpace& address_space();
+
+// What a pointer range is, for copies, memsets and cuPointerGetAttribute.
+struct PointerInfo {
+  enum class Type { kPageableHost, kPinnedHost, kDevice, kUnmappedDevice } type = Type::kPageableHost;
+  int device = -1;
+  uintptr_t base = 0;   // start of the allocation (device blocks, host allocations)
+  uint64_t size = 0;    // its size
+  bool range_ok = true; // [ptr, ptr+bytes) lies inside the allocation (device: inside mapped memory)
+};
+
+// Classifies [ptr, ptr+bytes). A device range must lie inside one device block or inside
+// contiguous mappings of one reservation, else range_ok is false.
+PointerInfo classify(const void* ptr, uint64_t bytes);
+
+}  // namespace cudasim

@@ -1,0 +1,93 @@
+// Shared by the driver's entry points: the call scope (preconditions and CUDASIM_LOG),
+// handle registries, and the resolution of stream handles.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdarg>
+#include <memory>
+#include <mutex>
+#include <unordered_set>
+
+#include "device.h"
+#include "env.h"
+#include "stream.h"
+
+namespace cudasim {
+
+// Names of error codes (from the generated tables); nullptr for an unknown code.
+const char* driver_error_name(CUresult r);
+
+// One driver call: checks the preconditions every entry point shares and logs the
+// outcome when CUDASIM_LOG=1.
+//   Call call(__func__, Call::kNeedsContext);
+//   if (!call.ok()) return call.status();
+//   ...
+//   return call.ret(CUDA_SUCCESS);
+class Call {
+ public:
+  enum Needs { kInit = 0, kNeedsContext = 1, kNoInit = 2 };
+  Call(const char* name, Needs needs = kInit) : name_(name) {
+    if (needs != kNoInit && in_host_function()) status_ = CUDA_ERROR_NOT_PERMITTED;
+    else if (needs != kNoInit && !driver()) status_ = CUDA_ERROR_NOT_INITIALIZED;
+    else if (needs == kNeedsContext && !current_context()) status_ = CUDA_ERROR_INVALID_CONTEXT;
+    if (status_ != CUDA_SUCCESS) ret(status_);
+  }
+  bool ok() const { return status_ == CUDA_SUCCESS; }
+  CUresult status() const { return status_; }
+  // Adds a detail to the log line ("size=%zu -> %p").
+  void note(const char* fmt, ...) __attribute__((format(printf, 2, 3))) {
+    if (!log_enabled()) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail_, sizeof detail_, fmt, ap);
+    va_end(ap);
+  }
+  CUresult ret(CUresult r) {
+    if (log_enabled()) {
+      const char* n = driver_error_name(r);
+      log_line("%s(%s) -> %s", name_, detail_, n ? n : "?");
+    }
+    return r;
+  }
+
+ private:
+  const char* name_;
+  CUresult status_ = CUDA_SUCCESS;
+  char detail_[200] = "";
+};
+
+// Live handles of one kind: a handle not in the set is invalid (destroyed or foreign).
+template <class T>
+class Registry {
+ public:
+  void add(T* h) {
+    std::lock_guard lock(mu_);
+    live_.insert(h);
+  }
+  bool remove(T* h) {
+    std::lock_guard lock(mu_);
+    return live_.erase(h) == 1;
+  }
+  bool contains(T* h) {
+    std::lock_guard lock(mu_);
+    return live_.count(h) == 1;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_set<T*> live_;
+};
+
+Registry<CUstream_st>& stream_handles();
+Registry<CUevent_st>& event_handles();
+Registry<CUgraph_st>& graph_handles();
+Registry<CUgraphExec_st>& graph_exec_handles();
+
+// The stream a handle names. 0 is the legacy default stream, or the per-thread default
+// stream for the _ptsz/_ptds entry points; CU_STREAM_LEGACY and CU_STREAM_PER_THREAD
+// name those explicitly and use the current context's device. Sets *err and returns null
+// for an unknown handle (CUDA_ERROR_INVALID_HANDLE) or no current context.
+std::shared_ptr<Stream> resolve_stream(CUstream h, bool per_thread_default, CUresult* err);
+
+}  // namespace cudasim

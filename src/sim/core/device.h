@@ -1,0 +1,145 @@
+// cudasim devices: capacity accounting, physical memory, contexts, counters.
+//
+// A device is a capacity (CUDASIM_DEVICE_MEMORY), a memfd that stands for its physical
+// memory, and counters. Physical memory for cuMemCreate is carved out of the memfd
+// (best fit over free extents; freed extents are hole-punched so the host gets the RAM
+// back); blocks from cuMemAlloc are anonymous mappings. Both are charged against the
+// capacity: charge() fails, as the device would, when the total would pass it.
+//
+// Invariants: used_bytes <= capacity at all times; peak_bytes >= used_bytes; every
+// extent of the memfd is either free (in free_) or owned by exactly one PhysicalAlloc.
+//
+// Thread safety: counters are atomics; the extent map has its own mutex; contexts are
+// created once at initialization and never destroyed.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cudasim.h"
+
+namespace cudasim {
+
+class Stream;
+
+// Physical memory of the VMM API: an extent of the device's memfd.
+struct PhysicalAlloc {
+  uint64_t id = 0;          // the CUmemGenericAllocationHandle value
+  int device = 0;
+  uint64_t size = 0;
+  uint64_t file_offset = 0;
+  int mappings = 0;         // live cuMemMap mappings of this allocation
+  int handle_refs = 1;      // cuMemCreate / cuMemRetainAllocationHandle minus cuMemRelease
+  // The memory is freed when both counts reach 0.
+};
+
+struct Counters {
+  std::atomic<uint64_t> bytes_h2d{0}, bytes_d2h{0}, bytes_d2d{0}, bytes_h2h{0}, bytes_memset{0};
+  std::atomic<uint64_t> ops_executed{0};
+  std::atomic<uint64_t> mapped_bytes{0};
+};
+
+class Device;
+
+}  // namespace cudasim
+
+// The primary context of a device: the only kind cudasim creates.
+struct CUctx_st {
+  cudasim::Device* device;
+  std::atomic<int> refcount{0};
+  std::atomic<unsigned> flags{0};
+};
+
+namespace cudasim {
+
+class Device {
+ public:
+  Device(int ordinal, uint64_t capacity);
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  int ordinal() const { return ordinal_; }
+  uint64_t capacity() const { return capacity_; }
+  uint64_t used_bytes() const { return used_.load(std::memory_order_relaxed); }
+  CUctx_st* primary_context() { return &primary_; }
+  Counters& counters() { return counters_; }
+
+  // Charges `bytes` against the capacity; false (and nothing charged) when it would pass it.
+  bool charge(uint64_t bytes);
+  void uncharge(uint64_t bytes);
+
+  // Physical memory for cuMemCreate: charges and carves an extent, or returns false.
+  bool allocate_physical(uint64_t size, uint64_t* file_offset);
+  // Returns the extent (its pages go back to the host) and uncharges it.
+  void free_physical(uint64_t file_offset, uint64_t size);
+  int memfd() const { return memfd_; }
+
+  void fill_counters(cudasim_counters* out) const;
+  void reset_counters();
+
+  // The legacy default stream (created at initialization, never destroyed).
+  Stream& legacy_stream() { return *legacy_; }
+  const std::shared_ptr<Stream>& legacy_stream_ptr() const { return legacy_; }
+
+  // Blocking streams (not cudaStreamNonBlocking, not the legacy stream): the legacy
+  // stream synchronizes with every one of them.
+  void add_blocking_stream(const std::shared_ptr<Stream>& s);
+  std::vector<std::shared_ptr<Stream>> blocking_streams();
+  // Every live stream of the device, for device-wide synchronization.
+  void add_stream(const std::shared_ptr<Stream>& s);
+  std::vector<std::shared_ptr<Stream>> all_streams();
+
+ private:
+  const int ordinal_;
+  const uint64_t capacity_;
+  std::atomic<uint64_t> used_{0};
+  std::atomic<uint64_t> peak_{0};
+  Counters counters_;
+  CUctx_st primary_;
+
+  int memfd_ = -1;
+  std::mutex extents_mu_;
+  std::map<uint64_t, uint64_t> free_;  // file offset -> length
+
+  std::shared_ptr<Stream> legacy_;
+  std::mutex streams_mu_;
+  std::vector<std::weak_ptr<Stream>> blocking_;
+  std::vector<std::weak_ptr<Stream>> streams_;
+};
+
+// The driver's global state, created by cuInit and never destroyed (so that detached
+// stream workers and late calls during process exit never see it torn down).
+struct Driver {
+  std::vector<std::unique_ptr<Device>> devices;
+  std::mutex physical_mu;
+  std::map<uint64_t, PhysicalAlloc> physical;  // live cuMemCreate handles by id
+  uint64_t next_physical_id = 0x5100000001ull;
+};
+
+// The driver after cuInit, or nullptr before it.
+Driver* driver();
+// Initializes (idempotent, thread-safe). Returns CUDA_SUCCESS.
+CUresult initialize();
+// The device with this ordinal, or nullptr.
+Device* device(int ordinal);
+int device_count();
+
+// The thread's current context (cuCtxSetCurrent / the runtime's cudaSetDevice).
+CUctx_st*& current_context();
+// The current context's device, or nullptr when the thread has none.
+Device* current_device();
+
+// True on a stream worker thread while it runs a host function: CUDA calls are not
+// permitted there.
+bool& in_host_function();
+
+// The memory allocation granularity of the VMM API on cudasim (and on current GPUs).
+constexpr uint64_t kGranularity = 2ull << 20;
+
+}  // namespace cudasim

@@ -1,0 +1,107 @@
+// CUDASIM_* settings, parsed once; the stderr log. See env.h.
+#include "env.h"
+
+#include <cctype>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unistd.h>
+
+namespace cudasim {
+namespace {
+
+[[noreturn]] void bad_setting(const char* name, const char* value, const char* accepted) {
+  std::fprintf(stderr, "cudasim: %s='%s' is not valid; accepted: %s\n", name, value, accepted);
+  std::fflush(stderr);
+  std::_Exit(2);
+}
+
+std::optional<uint64_t> parse_uint(std::string_view s) {
+  if (s.empty()) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    if (v > (UINT64_MAX - uint64_t(c - '0')) / 10) return std::nullopt;
+    v = v * 10 + uint64_t(c - '0');
+  }
+  return v;
+}
+
+Settings read_settings() {
+  Settings s;
+  if (const char* v = std::getenv("CUDASIM_DEVICE_MEMORY")) {
+    auto bytes = parse_size(v);
+    if (!bytes || *bytes < (64ull << 20) || *bytes > (1ull << 40))
+      bad_setting("CUDASIM_DEVICE_MEMORY", v,
+                  "a size from 64MiB to 1TiB, as a number with an optional unit B, K, KiB, M, MiB, G, GiB, T, TiB "
+                  "(1024-based)");
+    s.device_memory = *bytes;
+  }
+  if (const char* v = std::getenv("CUDASIM_DEVICE_COUNT")) {
+    auto n = parse_uint(v);
+    if (!n || *n < 1 || *n > 16) bad_setting("CUDASIM_DEVICE_COUNT", v, "an integer from 1 to 16");
+    s.device_count = int(*n);
+  }
+  if (const char* v = std::getenv("CUDASIM_CHAOS"); v && *v) {
+    auto seed = parse_uint(v);
+    if (!seed) bad_setting("CUDASIM_CHAOS", v, "an unsigned integer seed");
+    s.chaos = true;
+    s.chaos_seed = *seed;
+  }
+  if (const char* v = std::getenv("CUDASIM_LOG"); v && *v) {
+    if (std::strcmp(v, "1") == 0) s.log = true;
+    else if (std::strcmp(v, "0") != 0) bad_setting("CUDASIM_LOG", v, "0 or 1");
+  }
+  return s;
+}
+
+}  // namespace
+
+const Settings& settings() {
+  static const Settings s = read_settings();
+  return s;
+}
+
+std::optional<uint64_t> parse_size(std::string_view text) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  auto number = parse_uint(text.substr(0, digits));
+  if (!number) return std::nullopt;
+  std::string unit;
+  for (char c : text.substr(digits)) unit += char(std::tolower(static_cast<unsigned char>(c)));
+  int shift;
+  if (unit.empty() || unit == "b") shift = 0;
+  else if (unit == "k" || unit == "kb" || unit == "kib") shift = 10;
+  else if (unit == "m" || unit == "mb" || unit == "mib") shift = 20;
+  else if (unit == "g" || unit == "gb" || unit == "gib") shift = 30;
+  else if (unit == "t" || unit == "tb" || unit == "tib") shift = 40;
+  else return std::nullopt;
+  if (shift && *number > (UINT64_MAX >> shift)) return std::nullopt;
+  return *number << shift;
+}
+
+void log_line(const char* fmt, ...) {
+  char buf[1024];
+  int n = std::snprintf(buf, sizeof buf, "cudasim: ");
+  va_list ap;
+  va_start(ap, fmt);
+  int m = std::vsnprintf(buf + n, sizeof buf - size_t(n) - 1, fmt, ap);
+  va_end(ap);
+  size_t len = std::min(sizeof buf - 2, size_t(n) + size_t(m < 0 ? 0 : m));
+  buf[len++] = '\n';
+  ssize_t ignored = ::write(STDERR_FILENO, buf, len);
+  (void)ignored;
+}
+
+void report_unsupported_once(const char* name) {
+  static std::mutex mu;
+  static std::set<std::string>* seen = new std::set<std::string>;  // leaked: usable during exit
+  std::lock_guard lock(mu);
+  if (seen->insert(name).second) log_line("%s is not supported by cudasim; it returns 801 (not supported)", name);
+}
+
+}  // namespace cudasim

@@ -1,0 +1,38 @@
+// cudasim settings (CUDASIM_* environment variables) and its stderr log.
+//
+// Settings are read once, at the first use, from the process environment; a value
+// that cannot be parsed is reported with the variable, the value and the accepted
+// form, and the process exits with status 2 (as a program would fail to start on a
+// misconfigured machine). Logging is a single line per call when CUDASIM_LOG=1.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace cudasim {
+
+struct Settings {
+  uint64_t device_memory = 8ull << 30;  // CUDASIM_DEVICE_MEMORY: a size a laptop can emulate lazily
+  int device_count = 1;                 // CUDASIM_DEVICE_COUNT: 1..16
+  bool chaos = false;                   // CUDASIM_CHAOS=<seed>: random delays before stream operations
+  uint64_t chaos_seed = 0;
+  bool log = false;                     // CUDASIM_LOG=1: trace calls to stderr
+};
+
+// The process's settings, parsed on first use. Thread-safe (a function-local static).
+const Settings& settings();
+
+// Parses "<number>[unit]" with units B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB (all 1024-based,
+// case-insensitive). Returns nullopt for anything else, including overflow. Pure.
+std::optional<uint64_t> parse_size(std::string_view text);
+
+inline bool log_enabled() { return settings().log; }
+
+// Writes "cudasim: <formatted>" and a newline to stderr in one write. Thread-safe.
+void log_line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// Prints "cudasim: <name> is not supported by cudasim" once per name. Thread-safe.
+void report_unsupported_once(const char* name);
+
+}  // namespace cudasim
