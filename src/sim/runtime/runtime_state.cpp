@@ -66,7 +66,7 @@ cudaError_t cudaPeekAtLastError(void) { return last_error(); }
 
 const char* cudaGetErrorName(cudaError_t e) {
   const char* n = cudasim_internal_runtime_error_name(int(e));
-  return n ? n : "cudaErrorUnknown";
+  return n ? n : "unrecognized error code";  // what CUDA answers for a code it does not know
 }
 
 const char* cudaGetErrorString(cudaError_t e) {

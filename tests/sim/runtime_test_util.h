@@ -1,0 +1,275 @@
+// Helpers shared by the cudasim conformance tests that use the runtime API
+// (libcudart.so.13): assertion macros that print error names, RAII owners of device
+// memory, pinned memory, streams and events, and StreamGate, which holds a stream
+// with a host function until the test lets it go.
+//
+// The owners synchronize the device before they free anything, so a test that fails
+// half-way never frees memory that queued work still uses. A StreamGate opens when
+// it is destroyed, so no stream is left blocked after a failed assertion; declare the
+// gate after the buffers its stream uses so that it is destroyed (opened) first.
+#ifndef CUDASIM_TESTS_RUNTIME_TEST_UTIL_H
+#define CUDASIM_TESTS_RUNTIME_TEST_UTIL_H
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <thread>
+
+#include "driver_test_util.h"
+
+// GoogleTest finds PrintTo by argument-dependent lookup: cudaError is a global enum.
+inline void PrintTo(cudaError error, std::ostream* os) {
+  *os << static_cast<int>(error) << " (" << cudaGetErrorName(error) << ")";
+}
+
+#define ASSERT_CUDA_OK(call) ASSERT_EQ(cudaSuccess, (call)) << "in " #call
+#define EXPECT_CUDA_OK(call) EXPECT_EQ(cudaSuccess, (call)) << "in " #call
+
+namespace cudasim_test {
+
+// How long a test waits for something that must happen before it calls it a hang.
+constexpr std::chrono::milliseconds kHangTimeout{5000};
+// How long a test waits to see that something that must not happen does not.
+constexpr std::chrono::milliseconds kSettleTime{20};
+
+// Polls cudaStreamQuery until the stream is idle or `timeout` passes; returns the last
+// answer. Unlike cudaStreamSynchronize it cannot hang the test when the stream is
+// wrongly held behind other work.
+inline cudaError_t wait_for_stream(cudaStream_t stream,
+                                   std::chrono::milliseconds timeout = kHangTimeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  cudaError_t status = cudaStreamQuery(stream);
+  while (status == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    status = cudaStreamQuery(stream);
+  }
+  return status;
+}
+
+// The same for an event.
+inline cudaError_t wait_for_event(cudaEvent_t event,
+                                  std::chrono::milliseconds timeout = kHangTimeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  cudaError_t status = cudaEventQuery(event);
+  while (status == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    status = cudaEventQuery(event);
+  }
+  return status;
+}
+
+// Device memory from cudaMalloc, freed (after a device synchronization) on destruction.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t size) : size_(size) {
+    status_ = cudaMalloc(&ptr_, size);
+    if (status_ != cudaSuccess) ptr_ = nullptr;
+  }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) {
+      cudaDeviceSynchronize();
+      cudaFree(ptr_);
+    }
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  cudaError_t status() const { return status_; }
+  unsigned char* get() const { return static_cast<unsigned char*>(ptr_); }
+  size_t size() const { return size_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_;
+  cudaError_t status_;
+};
+
+// Pinned host memory from cudaMallocHost, freed (after a device synchronization) on
+// destruction.
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(size_t size, unsigned char fill = 0) : size_(size) {
+    status_ = cudaMallocHost(&ptr_, size);
+    if (status_ != cudaSuccess) {
+      ptr_ = nullptr;
+    } else {
+      std::memset(ptr_, fill, size);
+    }
+  }
+  ~PinnedBuffer() {
+    if (ptr_ != nullptr) {
+      cudaDeviceSynchronize();
+      cudaFreeHost(ptr_);
+    }
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  cudaError_t status() const { return status_; }
+  unsigned char* get() const { return static_cast<unsigned char*>(ptr_); }
+  size_t size() const { return size_; }
+  // Reads one byte through a volatile access: another thread (a stream) may write it.
+  unsigned char at(size_t i) const { return static_cast<volatile unsigned char*>(ptr_)[i]; }
+  // True when every byte equals `value`.
+  bool all_equal(unsigned char value) const {
+    for (size_t i = 0; i < size_; ++i) {
+      if (at(i) != value) return false;
+    }
+    return true;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_;
+  cudaError_t status_;
+};
+
+// A stream owned by the test; destroyed on destruction.
+class Stream {
+ public:
+  explicit Stream(unsigned int flags = cudaStreamDefault) {
+    status_ = cudaStreamCreateWithFlags(&stream_, flags);
+  }
+  ~Stream() {
+    if (status_ == cudaSuccess) cudaStreamDestroy(stream_);
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  cudaError_t status() const { return status_; }
+  cudaStream_t get() const { return stream_; }
+  operator cudaStream_t() const { return stream_; }  // NOLINT: used like the handle
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaError_t status_;
+};
+
+// An event owned by the test; destroyed on destruction.
+class Event {
+ public:
+  explicit Event(unsigned int flags = cudaEventDefault) {
+    status_ = cudaEventCreateWithFlags(&event_, flags);
+  }
+  ~Event() {
+    if (status_ == cudaSuccess) cudaEventDestroy(event_);
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  cudaError_t status() const { return status_; }
+  cudaEvent_t get() const { return event_; }
+  operator cudaEvent_t() const { return event_; }  // NOLINT: used like the handle
+
+ private:
+  cudaEvent_t event_ = nullptr;
+  cudaError_t status_;
+};
+
+// Holds streams with host functions that block until open() is called. The state is
+// shared with every queued host function, so a gate destroyed before its function
+// ran (after a failed assertion) leaves nothing dangling.
+class StreamGate {
+ public:
+  StreamGate() : state_(std::make_shared<State>()) {}
+  ~StreamGate() { open(); }
+  StreamGate(const StreamGate&) = delete;
+  StreamGate& operator=(const StreamGate&) = delete;
+
+  // Queues on `stream` a host function that blocks the stream until open().
+  cudaError_t hold(cudaStream_t stream) {
+    auto* ref = new std::shared_ptr<State>(state_);
+    const cudaError_t status = cudaLaunchHostFunc(stream, &StreamGate::run, ref);
+    if (status != cudaSuccess) delete ref;
+    return status;
+  }
+
+  // Lets every held stream (and every later hold) go on.
+  void open() {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->open = true;
+    state_->changed.notify_all();
+  }
+
+  // Waits until `count` host functions of this gate have started; false on timeout.
+  bool wait_entered(int count = 1, std::chrono::milliseconds timeout = kHangTimeout) {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    return state_->changed.wait_for(lock, timeout,
+                                    [&] { return state_->entered >= count; });
+  }
+
+  int entered() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->entered;
+  }
+
+ private:
+  struct State {
+    mutable std::mutex mutex;
+    std::condition_variable changed;
+    bool open = false;
+    int entered = 0;
+  };
+
+  static void CUDART_CB run(void* user_data) {
+    std::unique_ptr<std::shared_ptr<State>> ref(static_cast<std::shared_ptr<State>*>(user_data));
+    State& state = **ref;
+    std::unique_lock<std::mutex> lock(state.mutex);
+    ++state.entered;
+    state.changed.notify_all();
+    state.changed.wait(lock, [&] { return state.open; });
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+// Opens a StreamGate if the test has not opened it within `timeout`, so that an
+// implementation that wrongly blocks in an enqueue or destroy call fails the test
+// instead of hanging it. Declare it after the gate it guards.
+class Watchdog {
+ public:
+  Watchdog(StreamGate& gate, std::chrono::milliseconds timeout = kHangTimeout)
+      : thread_([this, &gate, timeout] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (!cancel_.wait_for(lock, timeout, [this] { return cancelled_; })) {
+            fired_ = true;
+            lock.unlock();
+            gate.open();
+          }
+        }) {}
+  ~Watchdog() { cancel(); }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // Stops the watchdog; afterwards fired() says whether it had to open the gate.
+  void cancel() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      cancelled_ = true;
+    }
+    cancel_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  bool fired() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return fired_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cancel_;
+  bool cancelled_ = false;
+  bool fired_ = false;
+  std::thread thread_;
+};
+
+}  // namespace cudasim_test
+
+#endif  // CUDASIM_TESTS_RUNTIME_TEST_UTIL_H
