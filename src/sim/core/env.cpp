@@ -1,14 +1,18 @@
 // CUDASIM_* settings, parsed once; the stderr log. See env.h.
 #include "env.h"
 
-#include <cctype>
+#include "config/units.h"
+
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <unistd.h>
 
 namespace cudasim {
@@ -34,7 +38,7 @@ std::optional<uint64_t> parse_uint(std::string_view s) {
 Settings read_settings() {
   Settings s;
   if (const char* v = std::getenv("CUDASIM_DEVICE_MEMORY")) {
-    auto bytes = parse_size(v);
+    auto bytes = vramswap::parse_size(v);
     if (!bytes || *bytes < (64ull << 20) || *bytes > (1ull << 40))
       bad_setting("CUDASIM_DEVICE_MEMORY", v,
                   "a size from 64MiB to 1TiB, as a number with an optional unit B, K, KiB, M, MiB, G, GiB, T, TiB "
@@ -64,24 +68,6 @@ Settings read_settings() {
 const Settings& settings() {
   static const Settings s = read_settings();
   return s;
-}
-
-std::optional<uint64_t> parse_size(std::string_view text) {
-  size_t digits = 0;
-  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
-  auto number = parse_uint(text.substr(0, digits));
-  if (!number) return std::nullopt;
-  std::string unit;
-  for (char c : text.substr(digits)) unit += char(std::tolower(static_cast<unsigned char>(c)));
-  int shift;
-  if (unit.empty() || unit == "b") shift = 0;
-  else if (unit == "k" || unit == "kb" || unit == "kib") shift = 10;
-  else if (unit == "m" || unit == "mb" || unit == "mib") shift = 20;
-  else if (unit == "g" || unit == "gb" || unit == "gib") shift = 30;
-  else if (unit == "t" || unit == "tb" || unit == "tib") shift = 40;
-  else return std::nullopt;
-  if (shift && *number > (UINT64_MAX >> shift)) return std::nullopt;
-  return *number << shift;
 }
 
 void log_line(const char* fmt, ...) {

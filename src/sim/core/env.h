@@ -7,8 +7,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
-#include <string_view>
 
 namespace cudasim {
 
@@ -22,10 +20,6 @@ struct Settings {
 
 // The process's settings, parsed on first use. Thread-safe (a function-local static).
 const Settings& settings();
-
-// Parses "<number>[unit]" with units B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB (all 1024-based,
-// case-insensitive). Returns nullopt for anything else, including overflow. Pure.
-std::optional<uint64_t> parse_size(std::string_view text);
 
 inline bool log_enabled() { return settings().log; }
 

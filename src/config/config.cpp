@@ -1,0 +1,250 @@
+// The VRAMSWAP_* table and what is derived from it. See config.h.
+#include "config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <iterator>
+#include <type_traits>
+
+extern char** environ;
+
+namespace vramswap::config {
+namespace {
+
+constexpr std::string_view kPrefix = "VRAMSWAP_";
+
+// Field access for a row of type kType bound to the Config member kField. Instantiated
+// once per row; the static_asserts keep a row's type and its field's C++ type together.
+template <KeyType kType, auto kField>
+struct Binding {
+  template <typename T>
+  struct MemberType;
+  template <typename T>
+  struct MemberType<T Config::*> {
+    using type = T;
+  };
+  using Field = typename MemberType<decltype(kField)>::type;
+
+  static_assert(kType != KeyType::kSize || std::is_same_v<Field, uint64_t>, "a size row needs a uint64_t field");
+  static_assert(kType != KeyType::kCount || std::is_same_v<Field, uint64_t>, "a count row needs a uint64_t field");
+  static_assert(kType != KeyType::kSizeOrPercent || std::is_same_v<Field, SizeOrPercent>,
+                "a size-or-percent row needs a SizeOrPercent field");
+  static_assert(kType != KeyType::kBool || std::is_same_v<Field, bool>, "a bool row needs a bool field");
+  static_assert(kType != KeyType::kEnum || std::is_enum_v<Field>, "an enum row needs an enum field");
+  static_assert(kType != KeyType::kPath || std::is_same_v<Field, std::string>, "a path row needs a std::string field");
+
+  static auto parse_value(const KeySpec& spec, std::string_view text) {
+    if constexpr (kType == KeyType::kSize) return parse_size_value(text, spec.range);
+    else if constexpr (kType == KeyType::kCount) return parse_count(text, spec.range);
+    else if constexpr (kType == KeyType::kSizeOrPercent) return parse_size_or_percent(text);
+    else if constexpr (kType == KeyType::kBool) return parse_bool(text);
+    else if constexpr (kType == KeyType::kEnum) return parse_enum(text, spec.range);
+    else return parse_path(text);
+  }
+
+  static bool set(Config& config, const KeySpec& spec, std::string_view text, std::string& reason) {
+    auto parsed = parse_value(spec, text);
+    if (!parsed.value) {
+      reason = std::move(parsed.reason);
+      return false;
+    }
+    if constexpr (kType == KeyType::kEnum) config.*kField = static_cast<Field>(*parsed.value);
+    else config.*kField = std::move(*parsed.value);
+    return true;
+  }
+
+  static std::string show(const Config& config, const KeySpec& spec) {
+    const Field& v = config.*kField;
+    if constexpr (kType == KeyType::kSize) return size_text(v);
+    else if constexpr (kType == KeyType::kCount) return std::to_string(v);
+    else if constexpr (kType == KeyType::kSizeOrPercent) return size_or_percent_text(v);
+    else if constexpr (kType == KeyType::kBool) return v ? "1" : "0";
+    else if constexpr (kType == KeyType::kEnum) return std::string(enum_word(spec.range, static_cast<size_t>(v)));
+    else return v;
+  }
+
+  static bool same(const Config& a, const Config& b) { return a.*kField == b.*kField; }
+};
+
+template <KeyType kType, auto kField>
+constexpr KeySpec key(std::string_view name, std::string_view default_value, std::string_view range,
+                      std::string_view doc) {
+  using B = Binding<kType, kField>;
+  return KeySpec{name, kType, default_value, range, doc, &B::set, &B::show, &B::same};
+}
+
+// The table. One row per key: type and field, name, default (as a user writes it; "" is
+// unset), range (see KeyType), and the one-line doc the README and the settings dump show.
+constexpr KeySpec kKeys[] = {
+    key<KeyType::kSizeOrPercent, &Config::limit>(
+        "VRAMSWAP_LIMIT", "0", "the card",
+        "Device memory vramswap may use on each GPU: the card behaves as if it had only this much. "
+        "0 or unset: the whole card; more than the card: the whole card."),
+    key<KeyType::kEnum, &Config::log_level>(
+        "VRAMSWAP_LOG", "warn", "off|error|warn|info|debug",
+        "What vramswap writes to stderr; info also prints the effective settings at startup."),
+    key<KeyType::kPath, &Config::stats_file>(
+        "VRAMSWAP_STATS_FILE", "", "",
+        "Statistics are written to this file as JSON when the process exits; unset: no file."),
+};
+
+// Optimal string alignment distance (Levenshtein plus adjacent transpositions), ignoring case.
+size_t edit_distance(std::string_view a, std::string_view b) {
+  auto up = [](char c) { return std::toupper(static_cast<unsigned char>(c)); };
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = up(a[i - 1]) == up(b[j - 1]) ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && up(a[i - 1]) == up(b[j - 2]) && up(a[i - 2]) == up(b[j - 1]))
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+bool starts_with_prefix_ignoring_case(std::string_view name) {
+  if (name.size() < kPrefix.size()) return false;
+  for (size_t i = 0; i < kPrefix.size(); ++i)
+    if (std::toupper(static_cast<unsigned char>(name[i])) != kPrefix[i]) return false;
+  return true;
+}
+
+std::string unknown_key_message(std::string_view key) {
+  std::string msg = "unknown variable " + std::string(key);
+  if (std::optional<std::string_view> near = closest_key(key)) {
+    msg += "; did you mean " + std::string(*near) + "?";
+    return msg;
+  }
+  msg += "; known variables are ";
+  for (size_t i = 0; i < std::size(kKeys); ++i) {
+    if (i > 0) msg += ", ";
+    msg += kKeys[i].name;
+  }
+  return msg;
+}
+
+std::string invalid_value_message(const KeySpec& spec, std::string_view value, const std::string& reason) {
+  std::string msg = std::string(spec.name) + "='" + std::string(value) + "' is not valid";
+  if (!reason.empty()) msg += " (" + reason + ")";
+  return msg + ": expected " + accepted_form(spec.type, spec.range);
+}
+
+std::optional<std::string> set_key(Config& config, const KeySpec& spec, std::string_view value) {
+  std::string reason;
+  if (spec.set(config, spec, value, reason)) return std::nullopt;
+  return invalid_value_message(spec, value, reason);
+}
+
+// A Markdown table cell: '|' would end the cell, a newline the row.
+std::string cell(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '|') out += "\\|";
+    else if (c == '\n') out += ' ';
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+Config::Config() {
+  for (const KeySpec& spec : kKeys) {
+    std::string unused;
+    // A default the table cannot parse would leave the field value-initialized; the
+    // table's tests apply every default, so that cannot ship.
+    spec.set(*this, spec, spec.default_value, unused);
+  }
+}
+
+uint64_t Config::resolve_limit(uint64_t card_bytes) const {
+  if (limit.kind == SizeOrPercent::Kind::kBytes && limit.bytes == 0) return card_bytes;
+  return std::min(limit.of(card_bytes), card_bytes);
+}
+
+std::span<const KeySpec> keys() { return kKeys; }
+
+const KeySpec* find_key(std::string_view name) {
+  for (const KeySpec& spec : kKeys)
+    if (spec.name == name) return &spec;
+  return nullptr;
+}
+
+std::optional<std::string_view> closest_key(std::string_view name) {
+  std::string candidate(name);
+  if (!starts_with_prefix_ignoring_case(candidate)) candidate = std::string(kPrefix) + candidate;
+  const KeySpec* best = nullptr;
+  size_t best_distance = SIZE_MAX;
+  for (const KeySpec& spec : kKeys) {
+    size_t d = edit_distance(candidate, spec.name);
+    if (d < best_distance) best = &spec, best_distance = d;
+  }
+  // A typo is a small share of the part after the prefix: up to a third of it (at least 1).
+  const size_t suffix = best->name.size() - kPrefix.size();
+  if (best_distance > std::max<size_t>(1, (suffix + 2) / 3)) return std::nullopt;
+  return best->name;
+}
+
+ParseResult parse(const std::map<std::string, std::string>& env) {
+  ParseResult result;
+  for (const auto& [key, value] : env) {
+    if (!key.starts_with(kPrefix)) continue;
+    const KeySpec* spec = find_key(key);
+    if (!spec) {
+      result.warnings.push_back(unknown_key_message(key));
+      continue;
+    }
+    if (std::optional<std::string> error = set_key(result.config, *spec, value))
+      result.errors.push_back(std::move(*error));
+  }
+  return result;
+}
+
+std::optional<std::string> apply(Config& config, std::string_view key, std::string_view value) {
+  const KeySpec* spec = find_key(key);
+  if (!spec) return unknown_key_message(key);
+  return set_key(config, *spec, value);
+}
+
+ParseResult from_environment() {
+  std::map<std::string, std::string> env;
+  for (char** entry = environ; entry && *entry; ++entry) {
+    std::string_view text(*entry);
+    if (!text.starts_with(kPrefix)) continue;
+    size_t eq = text.find('=');
+    if (eq == std::string_view::npos) continue;
+    env.emplace(text.substr(0, eq), text.substr(eq + 1));
+  }
+  return parse(env);
+}
+
+std::string describe(const Config& config) {
+  static const Config defaults;
+  std::string out;
+  for (const KeySpec& spec : kKeys) {
+    out += std::string(spec.name) + "=" + spec.show(config, spec);
+    if (spec.same(config, defaults)) {
+      out += " (default)\n";
+    } else {
+      out += " (set; default: ";
+      out += spec.default_value.empty() ? std::string("unset") : std::string(spec.default_value);
+      out += ")\n";
+    }
+  }
+  return out;
+}
+
+std::string markdown_table() {
+  std::string out = "| variable | default | accepted | meaning |\n| --- | --- | --- | --- |\n";
+  for (const KeySpec& spec : kKeys) {
+    out += "| `" + std::string(spec.name) + "` | ";
+    out += spec.default_value.empty() ? std::string("unset") : "`" + cell(spec.default_value) + "`";
+    out += " | " + cell(accepted_form(spec.type, spec.range)) + " | " + cell(spec.doc) + " |\n";
+  }
+  return out;
+}
+
+}  // namespace vramswap::config
