@@ -1,0 +1,59 @@
+// Events and their pool. See event.h.
+#include "cuda/event.h"
+
+#include <utility>
+
+#include "cuda/device.h"
+#include "cuda/error.h"
+
+namespace vramswap::cuda {
+
+Event Event::create() {
+  Event e;
+  VRAMSWAP_CUDART(cudaEventCreateWithFlags(&e.event_, cudaEventDisableTiming));
+  return e;
+}
+Event::~Event() { reset(); }
+Event::Event(Event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+Event& Event::operator=(Event&& o) noexcept {
+  if (this != &o) {
+    reset();
+    event_ = std::exchange(o.event_, nullptr);
+  }
+  return *this;
+}
+void Event::reset() noexcept {
+  if (event_) cudaEventDestroy(event_);
+  event_ = nullptr;
+}
+
+void Event::record(cudaStream_t stream) { VRAMSWAP_CUDART(cudaEventRecord(event_, stream)); }
+
+bool Event::query() const {
+  cudaError_t e = cudaEventQuery(event_);
+  if (e == cudaErrorNotReady) return false;
+  VRAMSWAP_CUDART(e);
+  return true;
+}
+
+void Event::synchronize() const { VRAMSWAP_CUDART(cudaEventSynchronize(event_)); }
+
+Event EventPool::acquire() {
+  {
+    std::lock_guard lock(mu_);
+    if (!free_.empty()) {
+      Event e = std::move(free_.back());
+      free_.pop_back();
+      return e;
+    }
+  }
+  ContextScope scope(device_);
+  return Event::create();
+}
+
+void EventPool::release(Event e) {
+  std::lock_guard lock(mu_);
+  free_.push_back(std::move(e));
+}
+
+}  // namespace vramswap::cuda

@@ -1,0 +1,51 @@
+// Events and the per-device event pool. Creating an event costs a driver round trip, so
+// the pool recycles them (as PyTorch's caching allocator does). Events are created with
+// timing disabled: they only order work.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <vector>
+
+namespace vramswap::cuda {
+
+class Event {
+ public:
+  Event() = default;
+  // Creates an event on the current device. Throws CudaError.
+  static Event create();
+  ~Event();
+  Event(Event&& o) noexcept;
+  Event& operator=(Event&& o) noexcept;
+
+  // Records the event on `stream` now. Throws CudaError.
+  void record(cudaStream_t stream);
+  // True once the work recorded before it has completed. Throws CudaError.
+  bool query() const;
+  // Blocks the calling thread until it has completed. Throws CudaError.
+  void synchronize() const;
+  cudaEvent_t get() const { return event_; }
+  explicit operator bool() const { return event_ != nullptr; }
+
+ private:
+  void reset() noexcept;
+  cudaEvent_t event_ = nullptr;
+};
+
+// Recycled events of one device. Thread-safe (its own mutex, never held across a CUDA call).
+class EventPool {
+ public:
+  explicit EventPool(int device) : device_(device) {}
+  // An event, recycled or new (created on this pool's device). Throws CudaError.
+  Event acquire();
+  // Gives an event back for reuse.
+  void release(Event e);
+
+ private:
+  int device_;
+  std::mutex mu_;
+  std::vector<Event> free_;
+};
+
+}  // namespace vramswap::cuda

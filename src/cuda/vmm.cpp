@@ -1,0 +1,88 @@
+// VA reservations, physical pages and mappings. See vmm.h.
+#include "cuda/vmm.h"
+
+#include <utility>
+
+#include "cuda/error.h"
+
+namespace vramswap::cuda {
+
+VaReservation::VaReservation(uint64_t size, uint64_t alignment) {
+  CUdeviceptr p = 0;
+  VRAMSWAP_CU(cuMemAddressReserve(&p, size, alignment, 0, 0));
+  base_ = p;
+  size_ = size;
+}
+VaReservation::~VaReservation() { reset(); }
+VaReservation::VaReservation(VaReservation&& o) noexcept
+    : base_(std::exchange(o.base_, 0)), size_(std::exchange(o.size_, 0)) {}
+VaReservation& VaReservation::operator=(VaReservation&& o) noexcept {
+  if (this != &o) {
+    reset();
+    base_ = std::exchange(o.base_, 0);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+void VaReservation::reset() noexcept {
+  if (size_) cuMemAddressFree(base_, size_);
+  base_ = 0;
+  size_ = 0;
+}
+
+PhysicalPages::PhysicalPages(int device, uint64_t size) : size_(size), device_(device) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  VRAMSWAP_CU(cuMemCreate(&handle_, size, &prop, 0));
+}
+PhysicalPages::~PhysicalPages() { reset(); }
+PhysicalPages::PhysicalPages(PhysicalPages&& o) noexcept
+    : handle_(std::exchange(o.handle_, 0)), size_(std::exchange(o.size_, 0)), device_(o.device_) {}
+PhysicalPages& PhysicalPages::operator=(PhysicalPages&& o) noexcept {
+  if (this != &o) {
+    reset();
+    handle_ = std::exchange(o.handle_, 0);
+    size_ = std::exchange(o.size_, 0);
+    device_ = o.device_;
+  }
+  return *this;
+}
+void PhysicalPages::reset() noexcept {
+  if (handle_) cuMemRelease(handle_);
+  handle_ = 0;
+  size_ = 0;
+}
+
+Mapping::Mapping(uintptr_t address, const PhysicalPages& pages) {
+  VRAMSWAP_CU(cuMemMap(address, pages.size(), 0, pages.handle(), 0));
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = pages.device();
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CUresult r = cuMemSetAccess(address, pages.size(), &access, 1);
+  if (r != CUDA_SUCCESS) {
+    cuMemUnmap(address, pages.size());
+    throw_driver_error(r, "cuMemSetAccess(address, pages.size(), &access, 1)", __FILE__, __LINE__);
+  }
+  address_ = address;
+  size_ = pages.size();
+}
+Mapping::~Mapping() { reset(); }
+Mapping::Mapping(Mapping&& o) noexcept : address_(std::exchange(o.address_, 0)), size_(std::exchange(o.size_, 0)) {}
+Mapping& Mapping::operator=(Mapping&& o) noexcept {
+  if (this != &o) {
+    reset();
+    address_ = std::exchange(o.address_, 0);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+void Mapping::reset() noexcept {
+  if (size_) cuMemUnmap(address_, size_);
+  address_ = 0;
+  size_ = 0;
+}
+
+}  // namespace vramswap::cuda

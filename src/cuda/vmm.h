@@ -1,0 +1,81 @@
+// CUDA virtual memory management as three owning types:
+//
+//   VaReservation  a range of device virtual addresses (cuMemAddressReserve / Free)
+//   PhysicalPages  device memory with no address (cuMemCreate / cuMemRelease)
+//   Mapping        pages mapped read-write at an address (cuMemMap + cuMemSetAccess /
+//                  cuMemUnmap)
+//
+// Destroying a Mapping unmaps the range: the caller orders that after all work using it
+// (the driver does not promise to). Destructors never throw and tolerate a driver that is
+// shutting down. Each type is movable, not copyable; none is shared across threads
+// without the owner's lock.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace vramswap::cuda {
+
+class VaReservation {
+ public:
+  VaReservation() = default;
+  // Reserves `size` bytes aligned to `alignment`. Throws CudaError.
+  VaReservation(uint64_t size, uint64_t alignment);
+  ~VaReservation();
+  VaReservation(VaReservation&& o) noexcept;
+  VaReservation& operator=(VaReservation&& o) noexcept;
+
+  uintptr_t base() const { return base_; }
+  uint64_t size() const { return size_; }
+  bool contains(uintptr_t p) const { return p - base_ < size_; }
+
+ private:
+  void reset() noexcept;
+  uintptr_t base_ = 0;
+  uint64_t size_ = 0;
+};
+
+class PhysicalPages {
+ public:
+  PhysicalPages() = default;
+  // Creates `size` bytes (a multiple of the granularity) on `device`. Throws CudaError;
+  // error.out_of_memory() when the device is full.
+  PhysicalPages(int device, uint64_t size);
+  ~PhysicalPages();
+  PhysicalPages(PhysicalPages&& o) noexcept;
+  PhysicalPages& operator=(PhysicalPages&& o) noexcept;
+
+  CUmemGenericAllocationHandle handle() const { return handle_; }
+  uint64_t size() const { return size_; }
+  int device() const { return device_; }
+  explicit operator bool() const { return handle_ != 0; }
+
+ private:
+  void reset() noexcept;
+  CUmemGenericAllocationHandle handle_ = 0;
+  uint64_t size_ = 0;
+  int device_ = 0;
+};
+
+class Mapping {
+ public:
+  Mapping() = default;
+  // Maps all of `pages` at `address` and grants `pages.device()` read-write access.
+  // Throws CudaError (and leaves nothing mapped).
+  Mapping(uintptr_t address, const PhysicalPages& pages);
+  ~Mapping();
+  Mapping(Mapping&& o) noexcept;
+  Mapping& operator=(Mapping&& o) noexcept;
+
+  uintptr_t address() const { return address_; }
+  uint64_t size() const { return size_; }
+  explicit operator bool() const { return size_ != 0; }
+
+ private:
+  void reset() noexcept;
+  uintptr_t address_ = 0;
+  uint64_t size_ = 0;
+};
+
+}  // namespace vramswap::cuda

@@ -1,0 +1,440 @@
+// DevicePool: blocks over one VA reservation, granules mapped on demand, stream-ordered
+// reuse. The policy is "Note [The pool]" in device_pool.h; this file is its mechanics.
+//
+// Invariants (checked by the tests through the public API):
+//   * blocks_ tiles the reservation exactly: every byte belongs to one block, in address
+//     order, each 512-byte aligned and a multiple of 512 bytes;
+//   * a block is in exactly one state: live (handed out), pending (freed, waiting for
+//     events), or free (in free_[tag]); only free blocks are ever merged or split;
+//   * two adjacent free blocks never share a tag (they would have been merged);
+//   * every granule under a live or pending block is mapped; a granule is unmapped only
+//     when every block touching it is free with tag kAnyStream.
+#include "pool/device_pool.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "config/units.h"
+#include "cuda/device.h"
+#include "cuda/error.h"
+#include "cuda/event.h"
+#include "cuda/vmm.h"
+
+namespace vramswap::pool {
+namespace {
+
+// Blocks are aligned to and sized in this unit: CUDA's own allocation alignment, and
+// what kernels using vector loads expect.
+constexpr uint64_t kAlignment = 512;
+
+// The tag of a free block that any stream may reuse. Not a valid stream handle (0 is the
+// legacy default stream, so null cannot serve).
+const cudaStream_t kAnyStream = reinterpret_cast<cudaStream_t>(~uintptr_t(0));
+
+uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+enum class State { kFree, kLive, kPending };
+
+struct Block {
+  uint64_t size = 0;
+  State state = State::kFree;
+  cudaStream_t tag = kAnyStream;       // free: who may reuse it; live: the allocation stream
+  std::vector<cudaStream_t> also_on;   // live: streams added by record_stream
+};
+
+struct Granule {
+  cuda::PhysicalPages pages;
+  cuda::Mapping mapping;  // declared after pages: unmapped before they are released
+};
+
+// Freed blocks waiting for events: they become free with `tag_after` once every event has
+// completed. Pending blocks are never merged, so their addresses stay valid keys.
+struct Pending {
+  std::vector<uintptr_t> addrs;
+  std::vector<cuda::Event> events;
+  cudaStream_t tag_after;
+};
+
+std::string pointer_name(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+}  // namespace
+
+class DevicePool::Impl {
+ public:
+  explicit Impl(const PoolOptions& options);
+
+  void* allocate(size_t size, cudaStream_t stream, std::string* error);
+  Result deallocate(void* ptr, cudaStream_t stream);
+  Result record_stream(void* ptr, cudaStream_t stream);
+  void empty_cache();
+  PoolStats stats() const;
+  void reset_peaks();
+  bool owns(const void* ptr) const { return va_.contains(reinterpret_cast<uintptr_t>(ptr)); }
+  int device() const { return device_; }
+
+ private:
+  using BlockIt = std::map<uintptr_t, Block>::iterator;
+
+  // Free-block index.
+  void index_insert(BlockIt b) { free_[b->second.tag].emplace(b->second.size, b->first); }
+  void index_erase(BlockIt b) {
+    auto it = free_.find(b->second.tag);
+    it->second.erase({b->second.size, b->first});
+    if (it->second.empty()) free_.erase(it);
+  }
+  // Makes `b` free with `tag`, merged with free neighbours of the same tag.
+  void release_block(BlockIt b, cudaStream_t tag);
+  // The best-fitting free block for `size` usable on `stream`, or end().
+  BlockIt find_fit(uint64_t size, cudaStream_t stream);
+  // Maps every unmapped granule under [addr, addr+size). False (with *why) when the limit
+  // would be passed (nothing mapped then) or the device is full (granules mapped before
+  // that stay mapped, as cache).
+  bool map_range(uintptr_t addr, uint64_t size, std::string* why);
+  // Unmaps granules that no live, pending or stream-tagged free block touches.
+  void unmap_unused();
+  // Checks pending events; blocks whose events all completed become free.
+  void poll_pending();
+  // Moves every stream-tagged free block to pending behind an event recorded on its stream
+  // now, so that it becomes reusable by any stream once that work is done.
+  void retire_stream_tags();
+  // Waits (lock released) until every pending block has become free.
+  void drain_pending(std::unique_lock<std::mutex>& lock);
+  void* take(BlockIt b, uint64_t size, uint64_t requested, cudaStream_t stream, bool mapped_new);
+  std::string oom_report(size_t requested, uint64_t rounded, const std::string& why) const;
+  uint64_t granule_index(uintptr_t addr) const { return (addr - va_.base()) / granularity_; }
+
+  const int device_;
+  uint64_t granularity_ = 0;
+  uint64_t card_bytes_ = 0;
+  uint64_t limit_ = 0;
+  cuda::VaReservation va_;
+  cuda::EventPool events_;
+
+  mutable std::mutex mu_;
+  std::map<uintptr_t, Block> blocks_;
+  std::map<cudaStream_t, std::set<std::pair<uint64_t, uintptr_t>>> free_;
+  std::vector<Granule> granules_;
+  std::vector<Pending> pending_;
+
+  uint64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
+  uint64_t num_allocs_ = 0, num_frees_ = 0, num_cache_hits_ = 0, num_ooms_ = 0;
+};
+
+DevicePool::Impl::Impl(const PoolOptions& options) : device_(options.device), events_(options.device) {
+  cuda::DeviceInfo info = cuda::device_info(device_);
+  if (!info.vmm_supported)
+    throw cuda::CudaError("device " + std::to_string(device_) + " does not support CUDA virtual memory management",
+                          CUDA_ERROR_NOT_SUPPORTED);
+  granularity_ = info.granularity;
+  card_bytes_ = info.total_bytes;
+  limit_ = options.limit_bytes == 0 ? card_bytes_ : std::min(options.limit_bytes, card_bytes_);
+  // Twice the card: room for fragmentation of addresses, which cost nothing until mapped.
+  const uint64_t va_size = round_up(2 * card_bytes_, granularity_);
+  {
+    cuda::ContextScope scope(device_);
+    va_ = cuda::VaReservation(va_size, granularity_);
+  }
+  granules_.resize(va_size / granularity_);
+  auto b = blocks_.emplace(va_.base(), Block{va_size, State::kFree, kAnyStream, {}}).first;
+  index_insert(b);
+}
+
+DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t stream) {
+  BlockIt best = blocks_.end();
+  uint64_t best_size = UINT64_MAX;
+  for (cudaStream_t tag : {stream, kAnyStream}) {
+    auto it = free_.find(tag);
+    if (it == free_.end()) continue;
+    auto fit = it->second.lower_bound({size, 0});
+    if (fit != it->second.end() && fit->first < best_size) {
+      best_size = fit->first;
+      best = blocks_.find(fit->second);
+    }
+  }
+  return best;
+}
+
+bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why) {
+  const uint64_t first = granule_index(addr), last = granule_index(addr + size - 1);
+  uint64_t missing = 0;
+  for (uint64_t g = first; g <= last; ++g) missing += granules_[g].mapping ? 0 : 1;
+  if (missing == 0) return true;
+  if (reserved_ + missing * granularity_ > limit_) {  // refuse before mapping anything
+    *why = "the limit";
+    return false;
+  }
+  std::unique_ptr<cuda::ContextScope> scope;
+  for (uint64_t g = first; g <= last; ++g) {
+    if (granules_[g].mapping) continue;
+    if (!scope) scope = std::make_unique<cuda::ContextScope>(device_);
+    try {
+      cuda::PhysicalPages pages(device_, granularity_);
+      cuda::Mapping mapping(va_.base() + g * granularity_, pages);
+      granules_[g].pages = std::move(pages);
+      granules_[g].mapping = std::move(mapping);
+    } catch (const cuda::CudaError& e) {
+      if (!e.out_of_memory()) throw;
+      *why = "the device's free memory";
+      return false;
+    }
+    reserved_ += granularity_;
+    peak_reserved_ = std::max(peak_reserved_, reserved_);
+  }
+  return true;
+}
+
+void DevicePool::Impl::unmap_unused() {
+  std::vector<bool> busy(granules_.size(), false);
+  for (auto& [addr, b] : blocks_) {
+    if (b.state == State::kFree && b.tag == kAnyStream) continue;
+    for (uint64_t g = granule_index(addr), last = granule_index(addr + b.size - 1); g <= last; ++g) busy[g] = true;
+  }
+  std::unique_ptr<cuda::ContextScope> scope;
+  for (uint64_t g = 0; g < granules_.size(); ++g) {
+    if (busy[g] || !granules_[g].mapping) continue;
+    if (!scope) scope = std::make_unique<cuda::ContextScope>(device_);
+    granules_[g].mapping = cuda::Mapping();
+    granules_[g].pages = cuda::PhysicalPages();
+    reserved_ -= granularity_;
+  }
+}
+
+void DevicePool::Impl::release_block(BlockIt b, cudaStream_t tag) {
+  b->second.state = State::kFree;
+  b->second.tag = tag;
+  b->second.also_on.clear();
+  if (b != blocks_.begin()) {
+    auto prev = std::prev(b);
+    if (prev->second.state == State::kFree && prev->second.tag == tag) {
+      index_erase(prev);
+      prev->second.size += b->second.size;
+      blocks_.erase(b);
+      b = prev;
+    }
+  }
+  auto next = std::next(b);
+  if (next != blocks_.end() && next->second.state == State::kFree && next->second.tag == tag) {
+    index_erase(next);
+    b->second.size += next->second.size;
+    blocks_.erase(next);
+  }
+  index_insert(b);
+}
+
+void DevicePool::Impl::poll_pending() {
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    bool done = std::all_of(p.events.begin(), p.events.end(), [](const cuda::Event& e) { return e.query(); });
+    if (!done) {
+      ++i;
+      continue;
+    }
+    for (auto& e : p.events) events_.release(std::move(e));
+    for (uintptr_t addr : p.addrs) release_block(blocks_.find(addr), p.tag_after);
+    pending_[i] = std::move(pending_.back());
+    pending_.pop_back();
+  }
+}
+
+void DevicePool::Impl::retire_stream_tags() {
+  std::vector<cudaStream_t> tags;
+  for (auto& [tag, set] : free_)
+    if (tag != kAnyStream) tags.push_back(tag);
+  for (cudaStream_t tag : tags) {
+    // One event per stream orders all of that stream's freed blocks.
+    Pending p{{}, {}, kAnyStream};
+    p.events.push_back(events_.acquire());
+    p.events.back().record(tag);
+    for (auto& [size, addr] : free_[tag]) {
+      blocks_.at(addr).state = State::kPending;
+      p.addrs.push_back(addr);
+    }
+    free_.erase(tag);
+    pending_.push_back(std::move(p));
+  }
+}
+
+void DevicePool::Impl::drain_pending(std::unique_lock<std::mutex>& lock) {
+  while (!pending_.empty()) {
+    std::vector<cudaEvent_t> waits;
+    for (auto& p : pending_)
+      for (auto& e : p.events) waits.push_back(e.get());
+    lock.unlock();
+    for (cudaEvent_t e : waits) cudaEventSynchronize(e);  // errors surface in poll_pending
+    lock.lock();
+    poll_pending();
+  }
+}
+
+void* DevicePool::Impl::take(BlockIt b, uint64_t size, uint64_t requested, cudaStream_t stream, bool mapped_new) {
+  (void)requested;
+  index_erase(b);
+  if (b->second.size > size) {  // split: the rest stays free under the same tag
+    Block rest{b->second.size - size, State::kFree, b->second.tag, {}};
+    b->second.size = size;
+    index_insert(blocks_.emplace(b->first + size, rest).first);
+  }
+  b->second.state = State::kLive;
+  b->second.tag = stream;
+  allocated_ += size;
+  peak_allocated_ = std::max(peak_allocated_, allocated_);
+  ++num_allocs_;
+  if (!mapped_new) ++num_cache_hits_;
+  return reinterpret_cast<void*>(b->first);
+}
+
+void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* error) {
+  error->clear();
+  if (size == 0) return nullptr;
+  std::unique_lock lock(mu_);
+  if (size > va_.size()) {
+    ++num_ooms_;
+    *error = oom_report(size, size, "the pool's address range");
+    return nullptr;
+  }
+  const uint64_t rounded = round_up(size, kAlignment);
+  if (!pending_.empty()) poll_pending();
+  std::string why;
+  // Escalating attempts: as is; after unmapping unused cached granules; after waiting for
+  // other streams' freed blocks and unmapping what that frees.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt == 1) unmap_unused();
+    if (attempt == 2) {
+      retire_stream_tags();
+      drain_pending(lock);
+      unmap_unused();
+    }
+    BlockIt b = find_fit(rounded, stream);
+    if (b == blocks_.end()) {
+      why = "the pool's address range";
+      continue;
+    }
+    const uint64_t reserved_before = reserved_;
+    if (!map_range(b->first, rounded, &why)) continue;
+    return take(b, rounded, size, stream, reserved_ != reserved_before);
+  }
+  ++num_ooms_;
+  *error = oom_report(size, rounded, why);
+  return nullptr;
+}
+
+Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) {
+  if (!ptr) return {};
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard lock(mu_);
+  auto b = blocks_.find(addr);
+  if (b == blocks_.end() || b->second.state != State::kLive) {
+    if (!owns(ptr)) return {false, "free of " + pointer_name(ptr) + ": not a pointer vramswap allocated"};
+    if (b != blocks_.end())
+      return {false, "free of " + pointer_name(ptr) + ": already freed (double free)"};
+    return {false, "free of " + pointer_name(ptr) +
+                       ": not the start of a block vramswap handed out (an interior or stale pointer)"};
+  }
+  Block& block = b->second;
+  // Work queued before the free on every stream that used the block must finish before
+  // another stream reuses it. The freeing stream orders reuse on itself; any other stream
+  // that used the block (the allocation stream, record_stream's) gets an event now.
+  std::vector<cudaStream_t> others = block.also_on;
+  if (block.tag != stream) others.push_back(block.tag);
+  std::erase(others, stream);
+  std::sort(others.begin(), others.end());
+  others.erase(std::unique(others.begin(), others.end()), others.end());
+  allocated_ -= block.size;
+  ++num_frees_;
+  if (others.empty()) {
+    release_block(b, stream);
+    return {};
+  }
+  Pending p{{addr}, {}, stream};
+  for (cudaStream_t s : others) {
+    cuda::Event e = events_.acquire();
+    e.record(s);
+    p.events.push_back(std::move(e));
+  }
+  block.state = State::kPending;
+  block.also_on.clear();
+  pending_.push_back(std::move(p));
+  return {};
+}
+
+Result DevicePool::Impl::record_stream(void* ptr, cudaStream_t stream) {
+  std::lock_guard lock(mu_);
+  auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (b == blocks_.end() || b->second.state != State::kLive)
+    return {false, "record_stream on " + pointer_name(ptr) +
+                       ": not a live block vramswap allocated"};
+  if (stream != b->second.tag && std::find(b->second.also_on.begin(), b->second.also_on.end(), stream) ==
+                                     b->second.also_on.end())
+    b->second.also_on.push_back(stream);
+  return {};
+}
+
+void DevicePool::Impl::empty_cache() {
+  std::unique_lock lock(mu_);
+  poll_pending();
+  retire_stream_tags();
+  drain_pending(lock);
+  unmap_unused();
+}
+
+PoolStats DevicePool::Impl::stats() const {
+  std::lock_guard lock(mu_);
+  PoolStats s;
+  s.allocated_bytes = allocated_;
+  s.reserved_bytes = reserved_;
+  s.peak_allocated_bytes = peak_allocated_;
+  s.peak_reserved_bytes = peak_reserved_;
+  s.limit_bytes = limit_;
+  s.num_allocs = num_allocs_;
+  s.num_frees = num_frees_;
+  s.num_cache_hits = num_cache_hits_;
+  s.num_ooms = num_ooms_;
+  for (auto& [tag, set] : free_) s.num_free_blocks += set.size();
+  s.va_reserved_bytes = va_.size();
+  return s;
+}
+
+void DevicePool::Impl::reset_peaks() {
+  std::lock_guard lock(mu_);
+  peak_allocated_ = allocated_;
+  peak_reserved_ = reserved_;
+}
+
+std::string DevicePool::Impl::oom_report(size_t requested, uint64_t rounded, const std::string& why) const {
+  uint64_t cached_free = 0;  // mapped bytes in no live block
+  cached_free = reserved_ > allocated_ ? reserved_ - allocated_ : 0;
+  size_t device_free = 0, device_total = 0;
+  {
+    cuda::ContextScope scope(device_);
+    cudaMemGetInfo(&device_free, &device_total);
+  }
+  return "out of memory on device " + std::to_string(device_) + ": cannot allocate " + format_size(requested) + " (" +
+         std::to_string(requested) + " bytes, " + std::to_string(rounded) + " rounded) within " + why +
+         ". Limit " + format_size(limit_) + " of a " + format_size(card_bytes_) + " card; pool: " +
+         format_size(allocated_) + " allocated, " + format_size(reserved_) + " reserved (mapped), " +
+         format_size(cached_free) + " reserved but free; the device reports " + format_size(device_free) +
+         " free. Free tensors or lower the batch size, or raise VRAMSWAP_LIMIT.";
+}
+
+DevicePool::DevicePool(const PoolOptions& options) : impl_(std::make_unique<Impl>(options)) {}
+DevicePool::~DevicePool() = default;
+void* DevicePool::allocate(size_t size, cudaStream_t stream, std::string* error) {
+  return impl_->allocate(size, stream, error);
+}
+Result DevicePool::deallocate(void* ptr, cudaStream_t stream) { return impl_->deallocate(ptr, stream); }
+Result DevicePool::record_stream(void* ptr, cudaStream_t stream) { return impl_->record_stream(ptr, stream); }
+void DevicePool::empty_cache() { impl_->empty_cache(); }
+PoolStats DevicePool::stats() const { return impl_->stats(); }
+void DevicePool::reset_peaks() { impl_->reset_peaks(); }
+bool DevicePool::owns(const void* ptr) const { return impl_->owns(ptr); }
+int DevicePool::device() const { return impl_->device(); }
+
+}  // namespace vramswap::pool

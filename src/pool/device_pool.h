@@ -1,0 +1,113 @@
+// DevicePool: vramswap's caching allocator for one device, built on CUDA VMM.
+//
+// Note [The pool]
+// ---------------
+// The pool owns one large reservation of device virtual addresses (a few times the card)
+// and carves blocks out of it. Physical memory is mapped per granule (2 MiB on current
+// GPUs) under the granules that allocated or cached blocks cover, and only there: a
+// granule is mapped when a block that touches it is handed out and stays mapped (cached)
+// after the block is freed, until empty_cache() or pressure unmaps granules no live block
+// touches. The pool's "reserved" memory is its mapped granules; the limit caps it.
+//
+// Blocks are 512-byte aligned and sized in 512-byte units. All blocks, free or not, are
+// kept in address order; a free block is merged with free neighbours of the same stream
+// tag, and the free ones are indexed by (size, address) per tag for best fit. A larger
+// free block is split when the rest is worth keeping.
+//
+// Stream-ordered reuse (the rules of PyTorch's caching allocator): a block freed on
+// stream S is reusable at once by an allocation on S (its tag is S). It becomes reusable
+// on any stream (tag "any") once an event recorded on S after the free has completed;
+// that event is recorded only when another stream needs memory, never on the hot path,
+// so it orders at least all work S had queued when the block was freed. A block that
+// record_stream() marked as used on other streams is held back at free time until an
+// event recorded on each of them then has completed. Pending events are polled at the
+// start of an allocation when there are any.
+//
+// The cached path (a fitting free block exists) makes no CUDA call. Growing maps
+// granules (cuMemCreate + cuMemMap + cuMemSetAccess); at the limit, or when the device is
+// full, the pool first waits for pending events, then unmaps cached granules no block
+// uses, and only then reports out of memory.
+//
+// Thread safety: one mutex per pool guards all state. It is never held across a
+// synchronization (event waits happen with the lock released); mapping calls are made
+// under it. Counters read by stats() are taken under the lock.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace vramswap::pool {
+
+struct PoolOptions {
+  int device = 0;
+  // Device memory the pool may map, in bytes; 0 means the whole card.
+  uint64_t limit_bytes = 0;
+};
+
+struct PoolStats {
+  uint64_t allocated_bytes = 0;       // bytes in live blocks (as rounded)
+  uint64_t reserved_bytes = 0;        // bytes of mapped physical memory
+  uint64_t peak_allocated_bytes = 0;
+  uint64_t peak_reserved_bytes = 0;
+  uint64_t limit_bytes = 0;           // the effective limit
+  uint64_t num_allocs = 0;            // successful allocations of more than 0 bytes
+  uint64_t num_frees = 0;
+  uint64_t num_cache_hits = 0;        // allocations served with no new mapping
+  uint64_t num_ooms = 0;
+  uint64_t num_free_blocks = 0;       // cached free blocks (all tags)
+  uint64_t va_reserved_bytes = 0;     // the size of the VA reservation
+};
+
+// The outcome of a call that can be refused; `message` says why (empty on success).
+struct Result {
+  bool ok = true;
+  std::string message;
+};
+
+class DevicePool {
+ public:
+  // Reserves the pool's VA on `options.device`. Throws cuda::CudaError when the device
+  // cannot be used (no VMM support, no device). Thread-safe construction.
+  explicit DevicePool(const PoolOptions& options);
+  ~DevicePool();
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+
+  // A block of at least `size` bytes, 512-byte aligned, usable by work on `stream`.
+  // size 0 returns nullptr with *error empty. Out of memory returns nullptr with *error set
+  // to a report: the request, the limit and the pool's numbers. Thread-safe.
+  void* allocate(size_t size, cudaStream_t stream, std::string* error);
+
+  // Frees a block allocate() returned, for reuse in `stream`'s order (the stream it was
+  // allocated on, normally). nullptr is a no-op. A pointer the pool did not hand out,
+  // one freed already, or one inside a block is refused with a message and changes
+  // nothing. Thread-safe.
+  Result deallocate(void* ptr, cudaStream_t stream);
+
+  // Marks the live block at `ptr` as used by `stream` too: its memory is not reused until
+  // the work queued on `stream` before the free has completed. Thread-safe.
+  Result record_stream(void* ptr, cudaStream_t stream);
+
+  // Unmaps and releases every mapped granule no live or pending block uses. Thread-safe.
+  void empty_cache();
+
+  // A consistent reading of the counters. Thread-safe.
+  PoolStats stats() const;
+
+  // Resets the peaks to the current values. Thread-safe.
+  void reset_peaks();
+
+  // True when `ptr` lies in this pool's VA reservation. Thread-safe (immutable range).
+  bool owns(const void* ptr) const;
+
+  int device() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace vramswap::pool
