@@ -411,10 +411,11 @@ void DevicePool::Impl::reset_peaks() {
 std::string DevicePool::Impl::oom_report(size_t requested, uint64_t rounded, const std::string& why) const {
   uint64_t cached_free = 0;  // mapped bytes in no live block
   cached_free = reserved_ > allocated_ ? reserved_ - allocated_ : 0;
+  // The driver's count: the runtime's cudaMemGetInfo is what LD_PRELOAD interposes.
   size_t device_free = 0, device_total = 0;
   {
     cuda::ContextScope scope(device_);
-    cudaMemGetInfo(&device_free, &device_total);
+    cuMemGetInfo(&device_free, &device_total);
   }
   return "out of memory on device " + std::to_string(device_) + ": cannot allocate " + format_size(requested) + " (" +
          std::to_string(requested) + " bytes, " + std::to_string(rounded) + " rounded) within " + why +
