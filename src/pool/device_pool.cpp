@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <unordered_map>
 #include <vector>
 
 #include "config/units.h"
@@ -37,13 +38,31 @@ const cudaStream_t kAnyStream = reinterpret_cast<cudaStream_t>(~uintptr_t(0));
 
 uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
-enum class State { kFree, kLive, kPending };
+// kQuick: freed on its tag's stream with nothing else to wait for, and kept whole, unmerged,
+// in quick_ for the next allocation of the same rounded size on that stream: the common
+// case of a training step (the same shapes every iteration) served in O(1).
+enum class State { kFree, kLive, kPending, kQuick };
+
+// At most this many blocks per (stream, size) stay in a quick list; more are merged into
+// the free index, so that the lists cannot hold a large share of the pool unmerged.
+constexpr size_t kQuickPerSize = 32;
 
 struct Block {
   uint64_t size = 0;
   State state = State::kFree;
   cudaStream_t tag = kAnyStream;       // free: who may reuse it; live: the allocation stream
   std::vector<cudaStream_t> also_on;   // live: streams added by record_stream
+};
+
+struct QuickKey {
+  cudaStream_t stream;
+  uint64_t size;
+  bool operator==(const QuickKey&) const = default;
+};
+struct QuickKeyHash {
+  size_t operator()(const QuickKey& k) const {
+    return std::hash<uintptr_t>()(reinterpret_cast<uintptr_t>(k.stream)) * 31 + std::hash<uint64_t>()(k.size);
+  }
 };
 
 struct Granule {
@@ -94,19 +113,20 @@ class DevicePool::Impl {
   void release_block(BlockIt b, cudaStream_t tag);
   // The best-fitting free block for `size` usable on `stream`, or end().
   BlockIt find_fit(uint64_t size, cudaStream_t stream);
-  // Maps every unmapped granule under [addr, addr+size). False (with *why) when the limit
-  // would be passed (nothing mapped then) or the device is full (granules mapped before
-  // that stay mapped, as cache).
+  // Maps every unmapped granule under [addr, addr+size). False (with *why), and nothing
+  // newly mapped, when the limit would be passed or the device is full.
   bool map_range(uintptr_t addr, uint64_t size, std::string* why);
   // Unmaps granules that no live, pending or stream-tagged free block touches.
   void unmap_unused();
   // Checks pending events; blocks whose events all completed become free.
   void poll_pending();
-  // Moves every stream-tagged free block to pending behind an event recorded on its stream
-  // now, so that it becomes reusable by any stream once that work is done.
-  void retire_stream_tags();
-  // Waits (lock released) until every pending block has become free.
-  void drain_pending(std::unique_lock<std::mutex>& lock);
+  // Synchronizes the device (lock released) and then makes every block that was free under
+  // a stream tag, or pending, when it started reusable by any stream. Events are not
+  // recorded on the freeing streams now: they may have been destroyed since the free.
+  // False when the synchronization failed (blocks keep their tags).
+  bool synchronize_and_retire(std::unique_lock<std::mutex>& lock);
+  // Merges every quick-listed block into the free index (slow paths need the whole picture).
+  void flush_quick();
   void* take(BlockIt b, uint64_t size, uint64_t requested, cudaStream_t stream, bool mapped_new);
   std::string oom_report(size_t requested, uint64_t rounded, const std::string& why) const;
   uint64_t granule_index(uintptr_t addr) const { return (addr - va_.base()) / granularity_; }
@@ -123,6 +143,8 @@ class DevicePool::Impl {
   std::map<cudaStream_t, std::set<std::pair<uint64_t, uintptr_t>>> free_;
   std::vector<Granule> granules_;
   std::vector<Pending> pending_;
+  std::unordered_map<QuickKey, std::vector<BlockIt>, QuickKeyHash> quick_;
+  uint64_t quick_blocks_ = 0;
 
   uint64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   uint64_t num_allocs_ = 0, num_frees_ = 0, num_cache_hits_ = 0, num_ooms_ = 0;
@@ -171,23 +193,30 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
     *why = "the limit";
     return false;
   }
-  std::unique_ptr<cuda::ContextScope> scope;
+  cuda::ContextScope scope(device_);
+  std::vector<uint64_t> mapped_now;
   for (uint64_t g = first; g <= last; ++g) {
     if (granules_[g].mapping) continue;
-    if (!scope) scope = std::make_unique<cuda::ContextScope>(device_);
     try {
       cuda::PhysicalPages pages(device_, granularity_);
       cuda::Mapping mapping(va_.base() + g * granularity_, pages);
       granules_[g].pages = std::move(pages);
       granules_[g].mapping = std::move(mapping);
+      mapped_now.push_back(g);
     } catch (const cuda::CudaError& e) {
+      // The device is full: give back what this call mapped, so that a refused request
+      // leaves the device as it found it for its other users.
+      for (uint64_t m : mapped_now) {
+        granules_[m].mapping = cuda::Mapping();
+        granules_[m].pages = cuda::PhysicalPages();
+      }
       if (!e.out_of_memory()) throw;
       *why = "the device's free memory";
       return false;
     }
-    reserved_ += granularity_;
-    peak_reserved_ = std::max(peak_reserved_, reserved_);
   }
+  reserved_ += mapped_now.size() * granularity_;
+  peak_reserved_ = std::max(peak_reserved_, reserved_);
   return true;
 }
 
@@ -244,34 +273,43 @@ void DevicePool::Impl::poll_pending() {
   }
 }
 
-void DevicePool::Impl::retire_stream_tags() {
-  std::vector<cudaStream_t> tags;
-  for (auto& [tag, set] : free_)
-    if (tag != kAnyStream) tags.push_back(tag);
-  for (cudaStream_t tag : tags) {
-    // One event per stream orders all of that stream's freed blocks.
-    Pending p{{}, {}, kAnyStream};
-    p.events.push_back(events_.acquire());
-    p.events.back().record(tag);
-    for (auto& [size, addr] : free_[tag]) {
-      blocks_.at(addr).state = State::kPending;
-      p.addrs.push_back(addr);
+bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock) {
+  flush_quick();
+  std::vector<std::pair<uintptr_t, cudaStream_t>> retiring;  // (block, tag before)
+  for (auto it = free_.begin(); it != free_.end();) {
+    if (it->first == kAnyStream) {
+      ++it;
+      continue;
     }
-    free_.erase(tag);
-    pending_.push_back(std::move(p));
+    for (auto& [size, addr] : it->second) {
+      blocks_.at(addr).state = State::kPending;
+      retiring.emplace_back(addr, it->first);
+    }
+    it = free_.erase(it);
   }
+  CUresult r;
+  lock.unlock();
+  {
+    cuda::ContextScope scope(device_);
+    // Relaxed: a synchronization here must not invalidate another thread's stream capture.
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    cuThreadExchangeStreamCaptureMode(&mode);
+    r = cuCtxSynchronize();
+    cuThreadExchangeStreamCaptureMode(&mode);
+  }
+  lock.lock();
+  for (auto& [addr, tag] : retiring) release_block(blocks_.find(addr), r == CUDA_SUCCESS ? kAnyStream : tag);
+  if (r != CUDA_SUCCESS) return false;
+  poll_pending();  // every event recorded before the synchronization has completed
+  return true;
 }
 
-void DevicePool::Impl::drain_pending(std::unique_lock<std::mutex>& lock) {
-  while (!pending_.empty()) {
-    std::vector<cudaEvent_t> waits;
-    for (auto& p : pending_)
-      for (auto& e : p.events) waits.push_back(e.get());
-    lock.unlock();
-    for (cudaEvent_t e : waits) cudaEventSynchronize(e);  // errors surface in poll_pending
-    lock.lock();
-    poll_pending();
-  }
+void DevicePool::Impl::flush_quick() {
+  if (quick_blocks_ == 0) return;
+  for (auto& [key, list] : quick_)
+    for (BlockIt b : list) release_block(b, key.stream);
+  quick_.clear();
+  quick_blocks_ = 0;
 }
 
 void* DevicePool::Impl::take(BlockIt b, uint64_t size, uint64_t requested, cudaStream_t stream, bool mapped_new) {
@@ -302,14 +340,29 @@ void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* 
   }
   const uint64_t rounded = round_up(size, kAlignment);
   if (!pending_.empty()) poll_pending();
+  if (quick_blocks_) {
+    auto q = quick_.find({stream, rounded});
+    if (q != quick_.end() && !q->second.empty()) {
+      BlockIt b = q->second.back();
+      q->second.pop_back();
+      --quick_blocks_;
+      b->second.state = State::kLive;
+      allocated_ += rounded;
+      peak_allocated_ = std::max(peak_allocated_, allocated_);
+      ++num_allocs_;
+      ++num_cache_hits_;
+      return reinterpret_cast<void*>(b->first);
+    }
+    // A miss: merge the quick lists so that best fit sees every cached block.
+    flush_quick();
+  }
   std::string why;
   // Escalating attempts: as is; after unmapping unused cached granules; after waiting for
   // other streams' freed blocks and unmapping what that frees.
   for (int attempt = 0; attempt < 3; ++attempt) {
     if (attempt == 1) unmap_unused();
     if (attempt == 2) {
-      retire_stream_tags();
-      drain_pending(lock);
+      if (!synchronize_and_retire(lock)) break;
       unmap_unused();
     }
     BlockIt b = find_fit(rounded, stream);
@@ -350,7 +403,16 @@ Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) {
   allocated_ -= block.size;
   ++num_frees_;
   if (others.empty()) {
-    release_block(b, stream);
+    auto& list = quick_[{stream, block.size}];
+    if (list.size() < kQuickPerSize) {
+      block.state = State::kQuick;
+      block.tag = stream;
+      block.also_on.clear();
+      list.push_back(b);
+      ++quick_blocks_;
+    } else {
+      release_block(b, stream);
+    }
     return {};
   }
   Pending p{{addr}, {}, stream};
@@ -380,8 +442,8 @@ Result DevicePool::Impl::record_stream(void* ptr, cudaStream_t stream) {
 void DevicePool::Impl::empty_cache() {
   std::unique_lock lock(mu_);
   poll_pending();
-  retire_stream_tags();
-  drain_pending(lock);
+  flush_quick();
+  synchronize_and_retire(lock);
   unmap_unused();
 }
 
@@ -398,6 +460,7 @@ PoolStats DevicePool::Impl::stats() const {
   s.num_cache_hits = num_cache_hits_;
   s.num_ooms = num_ooms_;
   for (auto& [tag, set] : free_) s.num_free_blocks += set.size();
+  s.num_free_blocks += quick_blocks_;
   s.va_reserved_bytes = va_.size();
   return s;
 }

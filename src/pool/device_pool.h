@@ -15,18 +15,22 @@
 // free block is split when the rest is worth keeping.
 //
 // Stream-ordered reuse (the rules of PyTorch's caching allocator): a block freed on
-// stream S is reusable at once by an allocation on S (its tag is S). It becomes reusable
-// on any stream (tag "any") once an event recorded on S after the free has completed;
-// that event is recorded only when another stream needs memory, never on the hot path,
-// so it orders at least all work S had queued when the block was freed. A block that
-// record_stream() marked as used on other streams is held back at free time until an
-// event recorded on each of them then has completed. Pending events are polled at the
-// start of an allocation when there are any.
+// stream S is reusable at once by an allocation on S (its tag is S). Any other stream
+// that used the block (record_stream's, or the allocation stream when the free names
+// another) gets an event recorded at free time, and the block is held back until those
+// events complete. A block tagged S becomes reusable by any stream only after a device
+// synchronization, which the pool makes only under pressure or in empty_cache(): no
+// event is ever recorded on S after the free, because S may have been destroyed by then.
+// Pending events are polled at the start of an allocation when there are any.
 //
-// The cached path (a fitting free block exists) makes no CUDA call. Growing maps
-// granules (cuMemCreate + cuMemMap + cuMemSetAccess); at the limit, or when the device is
-// full, the pool first waits for pending events, then unmaps cached granules no block
-// uses, and only then reports out of memory.
+// The hot path: a block freed on S with nothing to wait for goes, whole and unmerged, to
+// a quick list for (S, rounded size) (at most kQuickPerSize each); an allocation of that
+// size on S takes it back in O(1). Any other allocation first merges the quick lists into
+// the free index, so best fit always sees every cached block. Neither path makes a CUDA call. Growing
+// maps granules (cuMemCreate + cuMemMap + cuMemSetAccess); at the limit, or when the
+// device is full, the pool unmaps cached granules no block uses, then synchronizes the
+// device so other streams' cached blocks become usable, and only then reports out of
+// memory (a refused request leaves nothing newly mapped).
 //
 // Thread safety: one mutex per pool guards all state. It is never held across a
 // synchronization (event waits happen with the lock released); mapping calls are made
@@ -57,7 +61,8 @@ struct PoolStats {
   uint64_t num_frees = 0;
   uint64_t num_cache_hits = 0;        // allocations served with no new mapping
   uint64_t num_ooms = 0;
-  uint64_t num_free_blocks = 0;       // cached free blocks (all tags)
+  uint64_t num_free_blocks = 0;       // free blocks of all tags, quick-listed ones and the
+                                      // unused rest of the address range included
   uint64_t va_reserved_bytes = 0;     // the size of the VA reservation
 };
 

@@ -1,0 +1,163 @@
+// DevicePool at its limit: a request that would take the mapped memory past limit_bytes
+// (or past the card) fails with a report naming the request and the limit, counts in
+// num_ooms and changes nothing else; before failing, the pool waits for pending blocks and
+// unmaps cached granules, so a request that fits once they are released succeeds.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "pool_test_util.h"
+
+namespace pool_test {
+namespace {
+
+// A pool limited to 8 MiB (four 2 MiB granules).
+class Limit : public PoolTest {
+ protected:
+  static constexpr uint64_t kLimit = 8 * kMiB;
+  uint64_t limit() const override { return kLimit; }
+
+  // Requests `size` and expects an out-of-memory report that names it and the limit.
+  void expect_out_of_memory(size_t size, uint64_t limit) {
+    std::string error;
+    void* p = pool().allocate(size, stream_, &error);
+    EXPECT_EQ(nullptr, p) << "a request of " << size << " bytes was granted";
+    if (p != nullptr) return;
+    EXPECT_FALSE(error.empty()) << "out of memory without a report";
+    EXPECT_TRUE(mentions_size(error, size)) << "the report does not name the request ("
+                                            << size << " bytes): " << error;
+    EXPECT_TRUE(mentions_size(error, limit)) << "the report does not name the limit (" << limit
+                                             << " bytes): " << error;
+  }
+};
+
+TEST_F(Limit, BeyondTheLimitFailsWithAReportAndChangesNothingElse) {
+  SKIP_UNLESS_CUDASIM();
+  void* big = allocate(6 * kMiB);
+  ASSERT_NE(nullptr, big);
+  const PoolStats before = stats();
+  const uint64_t mapped = sim_counters()->mapped_bytes;
+
+  expect_out_of_memory(4 * kMiB, kLimit);
+
+  PoolStats after = stats();
+  EXPECT_EQ(before.num_ooms + 1, after.num_ooms);
+  after.num_ooms = before.num_ooms;
+  EXPECT_TRUE(same_stats(before, after)) << "a failed request changes only num_ooms";
+  EXPECT_EQ(mapped, sim_counters()->mapped_bytes) << "a failed request maps nothing";
+
+  // Once the big block is freed the same request fits.
+  deallocate(big);
+  std::string error;
+  void* p = pool().allocate(4 * kMiB, stream_, &error);
+  EXPECT_NE(nullptr, p) << error;
+  EXPECT_EQ(before.num_ooms + 1, stats().num_ooms);
+  EXPECT_LE(stats().reserved_bytes, kLimit);
+  if (p != nullptr) deallocate(p);
+}
+
+TEST_F(Limit, ARequestLargerThanTheLimitFailsAtOnce) {
+  expect_out_of_memory(kLimit + kBlockUnit, kLimit);
+  expect_out_of_memory(64 * kMiB, kLimit);
+  const PoolStats s = stats();
+  EXPECT_EQ(2u, s.num_ooms);
+  EXPECT_EQ(0u, s.num_allocs) << "failed requests are not allocations";
+  EXPECT_EQ(0u, s.reserved_bytes);
+}
+
+TEST_F(Limit, TheWholeLimitCanBeAllocated) {
+  void* p = allocate(kLimit);
+  ASSERT_NE(nullptr, p);
+  EXPECT_EQ(kLimit, stats().reserved_bytes);
+  expect_out_of_memory(kBlockUnit, kLimit);
+  deallocate(p);
+}
+
+TEST_F(Limit, CachedGranulesAreUnmappedBeforeReportingOutOfMemory) {
+  SKIP_UNLESS_CUDASIM();
+  // Four one-granule blocks fill the limit; freeing the first and the third leaves 4 MiB
+  // cached but in two pieces, so a 4 MiB request fits only after they are unmapped.
+  const size_t g = granularity();
+  void* blocks[4] = {};
+  for (void*& b : blocks) {
+    b = allocate(g);
+    ASSERT_NE(nullptr, b);
+  }
+  ASSERT_EQ(kLimit, stats().reserved_bytes);
+  deallocate(blocks[0]);
+  deallocate(blocks[2]);
+  ASSERT_EQ(kLimit, stats().reserved_bytes) << "freed blocks stay cached";
+
+  std::string error;
+  void* p = pool().allocate(2 * g, stream_, &error);
+  ASSERT_NE(nullptr, p) << "the cached granules should have made room: " << error;
+  const PoolStats s = stats();
+  EXPECT_EQ(0u, s.num_ooms);
+  EXPECT_LE(s.reserved_bytes, kLimit);
+  EXPECT_LE(s.peak_reserved_bytes, kLimit) << "the limit holds at every moment";
+  EXPECT_EQ(s.reserved_bytes, sim_counters()->mapped_bytes);
+  LiveBlocks live;
+  EXPECT_TRUE(live.insert(blocks[1], g));
+  EXPECT_TRUE(live.insert(blocks[3], g));
+  EXPECT_TRUE(live.insert(p, 2 * g));
+  EXPECT_TRUE(round_trip(p, 2 * g, 5));
+  deallocate(p);
+  deallocate(blocks[1]);
+  deallocate(blocks[3]);
+}
+
+TEST_F(Limit, AFailedRequestLeavesTheCacheUsable) {
+  void* a = allocate(4 * kMiB);
+  ASSERT_NE(nullptr, a);
+  deallocate(a);
+  void* live = allocate(2 * kMiB);
+  ASSERT_NE(nullptr, live);
+  expect_out_of_memory(7 * kMiB, kLimit);
+  // What is left fits a smaller request.
+  void* p = allocate(kMiB);
+  EXPECT_NE(nullptr, p);
+  if (p != nullptr) deallocate(p);
+  deallocate(live);
+}
+
+// Without a limit, the card is the limit: more than the card fails the same way.
+using CardLimit = PoolTest;
+
+TEST_F(CardLimit, MoreThanTheCardFailsWithAReport) {
+  SKIP_UNLESS_CUDASIM();
+  std::string error;
+  EXPECT_EQ(nullptr, pool().allocate(2 * kGiB, stream_, &error));
+  EXPECT_TRUE(mentions_size(error, 2 * kGiB)) << error;
+  EXPECT_TRUE(mentions_size(error, kCardBytes)) << error;
+  EXPECT_EQ(1u, stats().num_ooms);
+  EXPECT_EQ(0u, stats().reserved_bytes);
+  EXPECT_EQ(0u, sim_counters()->physical_bytes) << "nothing of the failed request stays";
+  // The pool is still fine.
+  void* p = allocate(kMiB);
+  EXPECT_NE(nullptr, p);
+  if (p != nullptr) deallocate(p);
+}
+
+TEST_F(CardLimit, AFullDeviceIsOutOfMemoryNotAnException) {
+  SKIP_UNLESS_CUDASIM();
+  // Another user of the card holds 700 MiB, so the pool's mapping fails inside its limit.
+  void* foreign = nullptr;
+  ASSERT_CUDA_OK(cudaMalloc(&foreign, 700 * kMiB));
+  const uint64_t physical = sim_counters()->physical_bytes;
+  std::string error;
+  void* p = nullptr;
+  EXPECT_NO_THROW(p = pool().allocate(512 * kMiB, stream_, &error));
+  EXPECT_EQ(nullptr, p);
+  EXPECT_TRUE(mentions_size(error, 512 * kMiB)) << error;
+  EXPECT_EQ(1u, stats().num_ooms);
+  EXPECT_EQ(0u, stats().reserved_bytes);
+  EXPECT_EQ(physical, sim_counters()->physical_bytes) << "the failed request left pages behind";
+  ASSERT_CUDA_OK(cudaFree(foreign));
+  p = pool().allocate(512 * kMiB, stream_, &error);
+  EXPECT_NE(nullptr, p) << error;
+  if (p != nullptr) deallocate(p);
+}
+
+}  // namespace
+}  // namespace pool_test

@@ -1,0 +1,303 @@
+// DevicePool's stream-ordered reuse (Note [The pool], PyTorch's rules): a block freed on
+// stream S is reused at once on S; another stream gets it only after S's work queued
+// before the free has completed; record_stream() adds streams whose work must complete
+// first, even for S itself. At the limit the pool waits for such blocks before failing,
+// and no memory loses its pages while queued work still uses it.
+//
+// "Work still queued" is made real with a StreamGate: a host function that holds the
+// stream until the case opens it. Blocks are one granule, so that a block and its
+// replacement cannot share a granule and the addresses say exactly which was reused.
+// These cases also run under CUDASIM_CHAOS (tests/pool/CMakeLists.txt).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "pool_test_util.h"
+
+namespace pool_test {
+namespace {
+
+class StreamOrder : public PoolTest {
+ protected:
+  void SetUp() override {
+    PoolTest::SetUp();
+    ASSERT_CUDA_OK(b_.status());
+    ASSERT_CUDA_OK(c_.status());
+    g_ = granularity();
+  }
+
+  static bool disjoint(const void* p, const void* q, size_t size) {
+    return address(p) + size <= address(q) || address(q) + size <= address(p);
+  }
+
+  Stream& a_ = stream_;  // the stream blocks are allocated and freed on
+  Stream b_;
+  Stream c_;
+  size_t g_ = 0;
+};
+
+TEST_F(StreamOrder, AFreedBlockIsReusedAtOnceOnItsStreamThoughWorkIsQueued) {
+  StreamGate gate;
+  ASSERT_CUDA_OK(gate.hold(a_));
+  ASSERT_TRUE(gate.wait_entered());
+  void* p = allocate(g_, a_);
+  ASSERT_NE(nullptr, p);
+  ASSERT_CUDA_OK(cudaMemsetAsync(p, 0x11, g_, a_));
+  deallocate(p, a_);
+
+  LetGoLater let_go(gate, kHangTimeout);
+  void* q = allocate(g_, a_);
+  EXPECT_EQ(p, q) << "stream order makes the reuse safe: nothing to wait for";
+  EXPECT_FALSE(let_go.fired()) << "the allocation waited for the stream's work";
+  EXPECT_EQ(1u, stats().num_cache_hits);
+  let_go.finish();
+  ASSERT_CUDA_OK(wait_for_stream(a_));
+  deallocate(q, a_);
+}
+
+TEST_F(StreamOrder, AnotherStreamDoesNotGetABlockWhileItsStreamIsBusy) {
+  PinnedBuffer seen(g_);
+  ASSERT_CUDA_OK(seen.status());
+  StreamGate gate;
+  ASSERT_CUDA_OK(gate.hold(a_));
+  ASSERT_TRUE(gate.wait_entered());
+  void* p = allocate(g_, a_);
+  ASSERT_NE(nullptr, p);
+  // Queued behind the gate: write the block, then read it back.
+  ASSERT_CUDA_OK(cudaMemsetAsync(p, 0xa1, g_, a_));
+  ASSERT_CUDA_OK(cudaMemcpyAsync(seen.get(), p, g_, cudaMemcpyDeviceToHost, a_));
+  deallocate(p, a_);
+
+  LetGoLater let_go(gate, kHangTimeout);
+  void* q = allocate(g_, b_);
+  ASSERT_NE(nullptr, q);
+  EXPECT_NE(p, q) << "stream B got the block while stream A's work on it is queued";
+  EXPECT_TRUE(disjoint(p, q, g_));
+  EXPECT_FALSE(let_go.fired()) << "below the limit the pool maps more instead of waiting";
+  ASSERT_CUDA_OK(cudaMemsetAsync(q, 0xb2, g_, b_));
+  ASSERT_CUDA_OK(wait_for_stream(b_));
+
+  let_go.finish();
+  ASSERT_CUDA_OK(wait_for_stream(a_));
+  EXPECT_EQ(g_, first_mismatch(seen.get(), g_, 0xa1)) << "A's read saw another stream's write";
+  EXPECT_TRUE(holds_byte(q, g_, 0xb2));
+  deallocate(q, b_);
+}
+
+// A pool of two granules: once A's block and B's first block are mapped, B's next request
+// can be met only with A's block, so the pool must hand it over once A's work is done.
+class StreamOrderAtTwoGranules : public StreamOrder {
+ protected:
+  uint64_t limit() const override { return 2 * granularity(); }
+};
+
+TEST_F(StreamOrderAtTwoGranules, AnotherStreamGetsTheBlockOnceItsStreamIsIdle) {
+  StreamGate gate;
+  ASSERT_CUDA_OK(gate.hold(a_));
+  ASSERT_TRUE(gate.wait_entered());
+  void* p = allocate(g_, a_);
+  ASSERT_NE(nullptr, p);
+  ASSERT_CUDA_OK(cudaMemsetAsync(p, 0xa1, g_, a_));
+  deallocate(p, a_);
+
+  LetGoLater let_go(gate, kHangTimeout);
+  void* q = allocate(g_, b_);
+  ASSERT_NE(nullptr, q);
+  EXPECT_NE(p, q) << "stream B got the block while stream A's work on it is queued";
+  EXPECT_FALSE(let_go.fired()) << "within the limit the pool maps more instead of waiting";
+
+  let_go.finish();
+  ASSERT_CUDA_OK(wait_for_stream(a_));
+  std::string error;
+  void* r = pool().allocate(g_, b_, &error);
+  EXPECT_EQ(p, r) << "after A drained, B's request is met with A's block; " << error;
+  EXPECT_EQ(0u, stats().num_ooms);
+  EXPECT_LE(stats().peak_reserved_bytes, 2 * g_);
+  deallocate(q, b_);
+  if (r != nullptr) deallocate(r, b_);
+}
+
+TEST_F(StreamOrder, ABlockFreedOnAnotherStreamIsReusedThereOnceBothAreIdle) {
+  // deallocate(ptr, stream) frees "for reuse in stream's order". Whether the work the
+  // allocating stream queued before the free is waited for is the pool's choice (this
+  // pool waits for it, as if record_stream had named that stream); once both streams are
+  // idle, the block is reused on the freeing stream.
+  void* p = allocate(g_, a_);
+  ASSERT_NE(nullptr, p);
+  deallocate(p, b_);
+  ASSERT_CUDA_OK(wait_for_stream(a_));
+  ASSERT_CUDA_OK(wait_for_stream(b_));
+  void* q = allocate(g_, b_);
+  EXPECT_EQ(p, q);
+  if (q != nullptr) deallocate(q, b_);
+}
+
+TEST_F(StreamOrder, RecordStreamHoldsTheBlockBackEvenOnItsOwnStream) {
+  PinnedBuffer seen(g_);
+  ASSERT_CUDA_OK(seen.status());
+  void* p = allocate(g_, a_);
+  ASSERT_NE(nullptr, p);
+  ASSERT_CUDA_OK(cudaMemsetAsync(p, 0x5c, g_, a_));
+  ASSERT_CUDA_OK(wait_for_stream(a_));
+
+  // Stream B reads the block after a gate; the block is freed on A meanwhile.
+  StreamGate gate;
+  ASSERT_CUDA_OK(gate.hold(b_));
+  ASSERT_TRUE(gate.wait_entered());
+  ASSERT_CUDA_OK(cudaMemcpyAsync(seen.get(), p, g_, cudaMemcpyDeviceToHost, b_));
+  const Result recorded = pool().record_stream(p, b_);
+  ASSERT_TRUE(recorded.ok) << recorded.message;
+  deallocate(p, a_);
+
+  LetGoLater let_go(gate, kHangTimeout);
+  void* q = allocate(g_, a_);
+  ASSERT_NE(nullptr, q);
+  EXPECT_NE(p, q) << "reused on A while B's read of it is still queued";
+  EXPECT_TRUE(disjoint(p, q, g_));
+  ASSERT_CUDA_OK(cudaMemsetAsync(q, 0x77, g_, a_));
+  ASSERT_CUDA_OK(wait_for_stream(a_));
+  EXPECT_FALSE(let_go.fired()) << "below the limit the pool maps more instead of waiting";
+
+  let_go.finish();
+  ASSERT_CUDA_OK(wait_for_stream(b_));
+  EXPECT_EQ(g_, first_mismatch(seen.get(), g_, 0x5c)) << "B read the block after its reuse";
+
+  void* r = allocate(g_, a_);
+  EXPECT_EQ(p, r) << "once B's work completed, the block is reusable";
+  deallocate(q, a_);
+  if (r != nullptr) deallocate(r, a_);
+}
+
+TEST_F(StreamOrder, RecordStreamWaitsForEveryRecordedStream) {
+  void* p = allocate(g_, a_);
+  ASSERT_NE(nullptr, p);
+  StreamGate gate_b;
+  StreamGate gate_c;
+  ASSERT_CUDA_OK(gate_b.hold(b_));
+  ASSERT_CUDA_OK(gate_c.hold(c_));
+  ASSERT_TRUE(pool().record_stream(p, b_).ok);
+  ASSERT_TRUE(pool().record_stream(p, c_).ok);
+  deallocate(p, a_);
+
+  gate_b.open();
+  ASSERT_CUDA_OK(wait_for_stream(b_));
+  LetGoLater let_go(gate_c, kHangTimeout);
+  void* q = allocate(g_, a_);
+  ASSERT_NE(nullptr, q);
+  EXPECT_NE(p, q) << "reused while stream C still had work queued before the free";
+  EXPECT_FALSE(let_go.fired()) << "below the limit the pool maps more instead of waiting";
+
+  let_go.finish();
+  ASSERT_CUDA_OK(wait_for_stream(c_));
+  void* r = allocate(g_, a_);
+  EXPECT_EQ(p, r);
+  deallocate(q, a_);
+  if (r != nullptr) deallocate(r, a_);
+}
+
+TEST_F(StreamOrder, ARecordedBlockIsReleasedByTheFirstAllocationAfterItsEvent) {
+  // The event recorded on B at the free completes once B is synchronized; pending events
+  // are polled at the start of an allocation, so the very next one may reuse the block.
+  void* p = allocate(g_, a_);
+  ASSERT_NE(nullptr, p);
+  ASSERT_TRUE(pool().record_stream(p, b_).ok);
+  deallocate(p, a_);
+  ASSERT_CUDA_OK(wait_for_stream(b_));
+  void* q = allocate(g_, a_);
+  EXPECT_EQ(p, q);
+  if (q != nullptr) deallocate(q, a_);
+}
+
+TEST_F(StreamOrder, RecordingTheAllocatingStreamIsHarmless) {
+  void* p = allocate(g_, a_);
+  ASSERT_NE(nullptr, p);
+  ASSERT_TRUE(pool().record_stream(p, a_).ok);
+  deallocate(p, a_);
+  ASSERT_CUDA_OK(wait_for_stream(a_));
+  void* q = allocate(g_, a_);
+  EXPECT_EQ(p, q);
+  if (q != nullptr) deallocate(q, a_);
+}
+
+TEST_F(StreamOrder, AtTheLimitAHeldBackBlockIsAwaitedInsteadOfFailing) {
+  // A one-granule pool whose only block is held back by queued work on B: a request on A
+  // must wait for B's event (the lock released) rather than report out of memory.
+  DevicePool limited(PoolOptions{0, g_});
+  std::string error;
+  void* p = limited.allocate(g_, a_, &error);
+  ASSERT_NE(nullptr, p) << error;
+  StreamGate gate;
+  ASSERT_CUDA_OK(gate.hold(b_));
+  ASSERT_TRUE(gate.wait_entered());
+  ASSERT_TRUE(limited.record_stream(p, b_).ok);
+  ASSERT_TRUE(limited.deallocate(p, a_).ok);
+
+  LetGoLater let_go(gate, kLetGoDelay);
+  void* q = limited.allocate(g_, a_, &error);
+  let_go.finish();
+  EXPECT_NE(nullptr, q) << "failed instead of waiting for the pending block: " << error;
+  EXPECT_EQ(0u, limited.stats().num_ooms);
+  EXPECT_LE(limited.stats().peak_reserved_bytes, g_);
+  ASSERT_CUDA_OK(wait_for_stream(b_));
+  if (q != nullptr) {
+    EXPECT_TRUE(limited.deallocate(q, a_).ok);
+  }
+}
+
+TEST_F(StreamOrder, EmptyCacheNeverUnmapsMemoryThatQueuedWorkUses) {
+  // A block freed on A while A's work on it is queued: empty_cache() may wait for that
+  // work or leave the block's granules mapped, but must not unmap them under it (on
+  // cudasim that work would fault and kill the process).
+  SKIP_UNLESS_CUDASIM();
+  const size_t size = 2 * g_;
+  PinnedBuffer seen(size);
+  ASSERT_CUDA_OK(seen.status());
+  StreamGate gate;
+  ASSERT_CUDA_OK(gate.hold(a_));
+  ASSERT_TRUE(gate.wait_entered());
+  void* p = allocate(size, a_);
+  ASSERT_NE(nullptr, p);
+  ASSERT_CUDA_OK(cudaMemsetAsync(p, 0x3e, size, a_));
+  ASSERT_CUDA_OK(cudaMemcpyAsync(seen.get(), p, size, cudaMemcpyDeviceToHost, a_));
+  deallocate(p, a_);
+
+  LetGoLater let_go(gate, kLetGoDelay);
+  pool().empty_cache();
+  let_go.finish();
+  ASSERT_CUDA_OK(wait_for_stream(a_));
+  EXPECT_EQ(size, first_mismatch(seen.get(), size, 0x3e));
+
+  pool().empty_cache();
+  EXPECT_EQ(0u, stats().reserved_bytes) << "with the work done, nothing needs the pages";
+  EXPECT_EQ(0u, sim_counters()->physical_bytes);
+}
+
+TEST_F(StreamOrder, EmptyCacheKeepsAHeldBackBlockUntilItsStreamsFinish) {
+  SKIP_UNLESS_CUDASIM();
+  PinnedBuffer seen(g_);
+  ASSERT_CUDA_OK(seen.status());
+  void* p = allocate(g_, a_);
+  ASSERT_NE(nullptr, p);
+  ASSERT_CUDA_OK(cudaMemsetAsync(p, 0x6b, g_, a_));
+  ASSERT_CUDA_OK(wait_for_stream(a_));
+  StreamGate gate;
+  ASSERT_CUDA_OK(gate.hold(b_));
+  ASSERT_TRUE(gate.wait_entered());
+  ASSERT_CUDA_OK(cudaMemcpyAsync(seen.get(), p, g_, cudaMemcpyDeviceToHost, b_));
+  ASSERT_TRUE(pool().record_stream(p, b_).ok);
+  deallocate(p, a_);
+
+  LetGoLater let_go(gate, kLetGoDelay);
+  pool().empty_cache();
+  let_go.finish();
+  ASSERT_CUDA_OK(wait_for_stream(b_));
+  EXPECT_EQ(g_, first_mismatch(seen.get(), g_, 0x6b));
+
+  pool().empty_cache();
+  EXPECT_EQ(0u, stats().reserved_bytes) << "B finished; the block is no longer pending";
+  EXPECT_EQ(0u, sim_counters()->physical_bytes);
+}
+
+}  // namespace
+}  // namespace pool_test
