@@ -1,0 +1,168 @@
+// Allocator: the process-wide engine behind both faces (the C ABI of libvramswap.so and
+// the cudaMalloc interposer of libvramswap_preload.so).
+//
+// Note [The process-wide allocator]
+// ---------------------------------
+// There is one Allocator per process (per loaded library), created by the first call that
+// needs it and never destroyed: frees can arrive from static destructors and atexit
+// handlers of the program after ours have run, and a leaked pool is harmless at exit
+// whereas a destroyed one would turn those frees into crashes.
+//
+// Configuration is read once, from the VRAMSWAP_* environment, when the Allocator is
+// created; configure() (vramswap_configure) changes it afterwards:
+//   - VRAMSWAP_LOG and VRAMSWAP_STATS_FILE take effect at once;
+//   - VRAMSWAP_LIMIT is resolved against each card when that device's pool is created (by
+//     the first allocation on it). Once any pool exists the limit is frozen: configure()
+//     refuses a different value (so every device runs under the one limit the user set) and
+//     accepts the same value as a no-op.
+// A refused environment value (a typo in VRAMSWAP_LIMIT) must not be silently replaced by
+// the default: that would run uncapped a program the user meant to cap. The preload stops
+// the program (exit status 2) at load; through the C ABI every allocation fails with the
+// error until configure() sets that key to a valid value.
+//
+// Pools: one pool::DevicePool per device, created lazily under mu_ and then published in
+// pools_ (an atomic pointer per ordinal), so the hot path (allocate/deallocate of an
+// existing pool) takes no lock of the Allocator: only the pool's own mutex. A free is
+// routed to the pool whose VA reservation holds the pointer (the device argument is only
+// a hint of where to look first).
+//
+// Statistics: the pools count; the Allocator adds up the devices and counts refused frees.
+// The JSON document (stats_json) is what vramswap_stats_json returns and what is written
+// to VRAMSWAP_STATS_FILE at exit, by the process that used the allocator (a forked child,
+// or a process that merely loaded the preload and made no CUDA allocation, writes nothing,
+// so a shell between the user and the program cannot overwrite the program's file).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config/config.h"
+#include "pool/device_pool.h"
+
+namespace vramswap {
+
+// Why an allocation returned nullptr (size 0 is not a failure: kind stays kNone).
+struct AllocError {
+  enum class Kind {
+    kNone,
+    kOutOfMemory,    // the limit or the device's memory
+    kInvalidDevice,  // not a device ordinal vramswap can use
+    kConfig,         // a VRAMSWAP_* value was refused and not corrected
+    kCuda,           // a CUDA call failed (code holds its cudaError_t/CUresult)
+  };
+  Kind kind = Kind::kNone;
+  int code = 0;
+  std::string message;
+};
+
+enum class FreeOutcome {
+  kFreed,     // returned to its pool
+  kNotOwned,  // no pool's address range holds the pointer: not vramswap's
+  kRefused,   // inside a pool but not a live block (double free, interior pointer)
+};
+
+class Allocator {
+ public:
+  // Ordinals above this are refused (the limit of src/cuda's primary-context table).
+  static constexpr int kMaxDevices = 64;
+
+  // The allocator, created on first use (reading the environment). Thread-safe.
+  static Allocator& instance();
+
+  // The environment's refused values, as read at creation ("VRAMSWAP_X='v' is not valid
+  // ...: expected ..."); the preload stops the program on any. Thread-safe: immutable after
+  // creation.
+  const std::vector<std::string>& environment_errors() const { return environment_errors_; }
+
+  // Sets one key (see Note [The process-wide allocator] for when it takes effect). The
+  // error message, or nullopt on success. Thread-safe (mu_).
+  std::optional<std::string> configure(std::string_view key, std::string_view value);
+
+  // A block of `size` bytes on `device` for `stream`; nullptr with error->kind set on
+  // failure (an out-of-memory is also logged as one warning), nullptr with kNone for size 0.
+  // Thread-safe: an existing pool is reached with no lock but the pool's own.
+  void* allocate(size_t size, int device, cudaStream_t stream, AllocError* error);
+
+  // Returns `ptr` to the pool that owns it, to be reused in `stream`'s order. `device_hint`
+  // is the pool looked at first (-1: none). kRefused and kNotOwned set *error; the caller
+  // decides whether kNotOwned is an error (C ABI) or someone else's memory (preload).
+  // *owner_device is set to the owning device on kFreed and kRefused. Thread-safe.
+  FreeOutcome deallocate(void* ptr, int device_hint, cudaStream_t stream, std::string* error,
+                         int* owner_device = nullptr);
+
+  // Counts a free the caller refused (num_invalid_frees) and logs it at warn. Thread-safe.
+  void report_invalid_free(const std::string& message);
+
+  // record_stream on the pool that owns `ptr`. False with *error set if none does or the
+  // block is not live. Thread-safe.
+  bool record_stream(void* ptr, cudaStream_t stream, std::string* error);
+
+  // The device whose pool's address range holds `ptr`, or -1. Thread-safe: lock-free.
+  int owner_of(const void* ptr) const;
+
+  // empty_cache() / reset_peaks() on every pool. Thread-safe (each pool's lock in turn).
+  void empty_cache();
+  void reset_peaks();
+
+  // What a device looks like through vramswap: its limit, and the pool's allocated and
+  // reserved bytes (0 before the pool exists; the limit is then resolved against
+  // `card_bytes`). Creates nothing. Thread-safe.
+  struct DeviceMemory {
+    uint64_t limit_bytes = 0;
+    uint64_t allocated_bytes = 0;
+    uint64_t reserved_bytes = 0;
+  };
+  DeviceMemory device_memory(int device, uint64_t card_bytes) const;
+
+  // The statistics document (see vramswap.h, vramswap_stats_json, for its keys).
+  // Thread-safe; consistent per device, not across devices.
+  std::string stats_json() const;
+
+  // Records that this process uses the allocator, so that it writes the stats file at exit.
+  // Cheap after the first call. Thread-safe (atomic).
+  void mark_used();
+
+  // Writes stats_json() to VRAMSWAP_STATS_FILE if one is set (through a temporary file
+  // renamed into place, so a reader never sees half a document). Logs a failure at warn.
+  // Thread-safe; called by the atexit handler.
+  void write_stats_file() const;
+
+ private:
+  Allocator();
+
+  pool::DevicePool* pool(int device) const {
+    return device >= 0 && device < kMaxDevices ? pools_[device].load(std::memory_order_acquire) : nullptr;
+  }
+  pool::DevicePool* pool_or_create(int device, AllocError* error);
+  // The AllocError for allocations refused while an environment value is wrong.
+  void config_error(AllocError* error);
+
+  // Guards config_, bad_environment_, pool creation and any_pool_.
+  mutable std::mutex mu_;
+  config::Config config_;
+  std::vector<std::string> environment_errors_;
+  // Keys whose environment value was refused and not corrected since, with the message.
+  std::map<std::string, std::string, std::less<>> bad_environment_;
+  std::atomic<bool> blocked_{false};  // !bad_environment_.empty(), for the hot path
+  bool any_pool_ = false;
+  bool settings_logged_ = false;
+
+  std::array<std::atomic<pool::DevicePool*>, kMaxDevices> pools_{};
+  std::atomic<int> device_bound_{0};  // one past the highest ordinal with a pool
+
+  std::atomic<uint64_t> num_invalid_frees_{0};
+  std::atomic<bool> config_error_logged_{false};
+  std::atomic<int> user_pid_{0};  // the process that used the allocator (0: none yet)
+};
+
+}  // namespace vramswap

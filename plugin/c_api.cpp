@@ -1,0 +1,139 @@
+// The C ABI (include/vramswap/vramswap.h): thin noexcept shells over the Allocator.
+//
+// Each function clears the thread's last error, calls the Allocator inside a catch-all,
+// and turns every failure into a return value plus the last error. This file is linked
+// into both libvramswap.so and libvramswap_preload.so. The library is built with hidden
+// visibility; the pragma below makes exactly the header's functions visible, and the
+// version script (vramswap.map) names them again so the ABI is stated in one checked list.
+#include <cstring>
+#include <exception>
+#include <string>
+
+#pragma GCC visibility push(default)
+#include "vramswap/vramswap.h"
+#pragma GCC visibility pop
+
+#include "allocator.h"
+#include "last_error.h"
+#include "stats/log.h"
+
+namespace {
+
+using vramswap::Allocator;
+
+// The last error for an exception that escaped the Allocator: a CUDA call that failed
+// (cuda::CudaError), std::bad_alloc, or a bug.
+void set_internal_error(const char* function, const std::exception* e) noexcept {
+  try {
+    const std::string message = std::string(function) + " failed: " + (e ? e->what() : "unknown exception");
+    vramswap::set_last_error(message);
+    vramswap::stats::log(vramswap::stats::LogLevel::kError, "%s", message.c_str());
+  } catch (...) {
+    vramswap::set_last_error("vramswap: internal error (out of memory while reporting it)");
+  }
+}
+
+// Runs `body`, turning anything it throws into the last error; `fallback` is returned then.
+template <typename T, typename Body>
+T guarded(const char* function, T fallback, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    set_internal_error(function, &e);
+  } catch (...) {
+    set_internal_error(function, nullptr);
+  }
+  return fallback;
+}
+
+Allocator& used_allocator() {
+  Allocator& a = Allocator::instance();
+  a.mark_used();
+  return a;
+}
+
+}  // namespace
+
+extern "C" {
+
+void* vramswap_malloc(size_t size, int device, struct CUstream_st* stream) noexcept {
+  vramswap::clear_last_error();
+  return guarded<void*>(__func__, nullptr, [&]() -> void* {
+    vramswap::AllocError error;
+    void* ptr = used_allocator().allocate(size, device, stream, &error);
+    if (!ptr && error.kind != vramswap::AllocError::Kind::kNone) vramswap::set_last_error(error.message);
+    return ptr;
+  });
+}
+
+void vramswap_free(void* ptr, size_t size, int device, struct CUstream_st* stream) noexcept {
+  (void)size;  // the pool knows each block's size; torch's value is not needed
+  vramswap::clear_last_error();
+  if (!ptr) return;
+  guarded<int>(__func__, 0, [&] {
+    Allocator& a = used_allocator();
+    std::string error;
+    if (a.deallocate(ptr, device, stream, &error) != vramswap::FreeOutcome::kFreed) {
+      a.report_invalid_free(error);
+      vramswap::set_last_error(error);
+    }
+    return 0;
+  });
+}
+
+void vramswap_record_stream(void* ptr, struct CUstream_st* stream) noexcept {
+  vramswap::clear_last_error();
+  guarded<int>(__func__, 0, [&] {
+    std::string error;
+    if (!used_allocator().record_stream(ptr, stream, &error)) vramswap::set_last_error(error);
+    return 0;
+  });
+}
+
+void vramswap_empty_cache(void) noexcept {
+  vramswap::clear_last_error();
+  guarded<int>(__func__, 0, [] {
+    used_allocator().empty_cache();
+    return 0;
+  });
+}
+
+int vramswap_configure(const char* key, const char* value) noexcept {
+  vramswap::clear_last_error();
+  if (!key || !value) {
+    vramswap::set_last_error("vramswap_configure: key and value must not be NULL (use \"\" for an empty value)");
+    return -1;
+  }
+  return guarded<int>(__func__, -1, [&] {
+    if (std::optional<std::string> error = used_allocator().configure(key, value)) {
+      vramswap::set_last_error(*error);
+      return -1;
+    }
+    return 0;
+  });
+}
+
+const char* vramswap_last_error(void) noexcept { return vramswap::last_error(); }
+
+size_t vramswap_stats_json(char* buf, size_t cap) noexcept {
+  vramswap::clear_last_error();
+  return guarded<size_t>(__func__, 0, [&] {
+    const std::string json = used_allocator().stats_json();
+    if (buf && json.size() < cap) {
+      std::memcpy(buf, json.c_str(), json.size() + 1);
+    } else if (buf && cap > 0) {
+      buf[0] = '\0';
+    }
+    return json.size();
+  });
+}
+
+void vramswap_reset_peak_stats(void) noexcept {
+  vramswap::clear_last_error();
+  guarded<int>(__func__, 0, [] {
+    used_allocator().reset_peaks();
+    return 0;
+  });
+}
+
+}  // extern "C"

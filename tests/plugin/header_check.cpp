@@ -1,0 +1,22 @@
+// include/vramswap/vramswap.h in C++ beside the CUDA runtime's header: its stream type is
+// cudaStream_t, vramswap_malloc/vramswap_free have exactly the signatures torch's
+// CUDAPluggableAllocator takes, and every function is noexcept. Built, never run.
+#include <cuda_runtime_api.h>
+
+#include <type_traits>
+
+#include "vramswap/vramswap.h"
+
+static_assert(std::is_same_v<decltype(&vramswap_malloc), void* (*)(size_t, int, cudaStream_t) noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_free), void (*)(void*, size_t, int, cudaStream_t) noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_record_stream), void (*)(void*, cudaStream_t) noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_empty_cache), void (*)() noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_configure), int (*)(const char*, const char*) noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_last_error), const char* (*)() noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_stats_json), size_t (*)(char*, size_t) noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_reset_peak_stats), void (*)() noexcept>);
+// torch's pluggable allocator stores plain function pointers of these types.
+using TorchMalloc = void* (*)(size_t, int, cudaStream_t);
+using TorchFree = void (*)(void*, size_t, int, cudaStream_t);
+[[maybe_unused]] static TorchMalloc torch_malloc = vramswap_malloc;
+[[maybe_unused]] static TorchFree torch_free = vramswap_free;

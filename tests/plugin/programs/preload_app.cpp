@@ -1,0 +1,174 @@
+// A plain CUDA program, written as if vramswap did not exist: it is linked to the CUDA
+// toolkit's libcudart.so.13 (no RPATH) and uses cudaMalloc, cudaMallocAsync, cudaMemcpy,
+// cudaFree, cudaFreeAsync and cudaMemGetInfo. tests/plugin/check_preload.py runs it on
+// cudasim with and without LD_PRELOAD=libvramswap_preload.so and checks what it printed,
+// its exit status, its stderr and the VRAMSWAP_STATS_FILE it left.
+//
+// Output lines (stdout): "preload_app: start" (first thing in main), "meminfo free=F
+// total=T" (before any allocation), "preload_app: ok" (every check held). Options:
+// --oom BYTES   also ask cudaMalloc for BYTES (before any stream is created) and require
+//               cudaErrorMemoryAllocation.
+// --big BYTES   at the end, after its streams were destroyed and everything was freed, ask
+//               cudaMalloc for BYTES and require success (an allocator must give back memory
+//               it cached for a stream that no longer exists).
+// Exit status: 0 when every check held, 1 otherwise (the failed check is on stderr).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+// Exported by libcudart.so.13; a program built with --default-stream per-thread calls these.
+extern "C" cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream);
+extern "C" cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream);
+
+namespace {
+
+int failures = 0;
+
+#define CHECK(cond)                                                                  \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
+      std::fprintf(stderr, "preload_app: check failed at line %d: %s\n", __LINE__, #cond); \
+      ++failures;                                                                    \
+    }                                                                                \
+  } while (0)
+
+#define CHECK_CUDA(expr)                                                             \
+  do {                                                                               \
+    cudaError_t e_ = (expr);                                                         \
+    if (e_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "preload_app: %s failed at line %d: %s\n", #expr, __LINE__, \
+                   cudaGetErrorName(e_));                                            \
+      ++failures;                                                                    \
+    }                                                                                \
+  } while (0)
+
+std::vector<unsigned char> pattern(size_t n, unsigned seed) {
+  std::vector<unsigned char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>(i * 131u + seed);
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::printf("preload_app: start\n");
+  std::fflush(stdout);
+  unsigned long long oom_bytes = 0, big_bytes = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--oom" && i + 1 < argc) oom_bytes = std::strtoull(argv[++i], nullptr, 10);
+    if (std::string(argv[i]) == "--big" && i + 1 < argc) big_bytes = std::strtoull(argv[++i], nullptr, 10);
+  }
+
+  size_t free_bytes = 0, total_bytes = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  std::printf("meminfo free=%zu total=%zu\n", free_bytes, total_bytes);
+  CHECK(free_bytes <= total_bytes);
+
+  // Synchronous allocations, round trips through device memory.
+  const size_t sizes[] = {1 << 20, (5 << 20) + 3, 512, 1, 12345};
+  std::vector<std::pair<uintptr_t, size_t>> blocks;
+  std::vector<void*> ptrs;
+  for (size_t n : sizes) {
+    void* d = nullptr;
+    CHECK_CUDA(cudaMalloc(&d, n));
+    CHECK(d != nullptr);
+    CHECK(reinterpret_cast<uintptr_t>(d) % 256 == 0);  // what CUDA promises
+    std::vector<unsigned char> in = pattern(n, static_cast<unsigned>(n)), out(n, 0);
+    CHECK_CUDA(cudaMemcpy(d, in.data(), n, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(out.data(), d, n, cudaMemcpyDeviceToHost));
+    CHECK(in == out);
+    blocks.emplace_back(reinterpret_cast<uintptr_t>(d), n);
+    ptrs.push_back(d);
+  }
+  std::sort(blocks.begin(), blocks.end());
+  for (size_t i = 1; i < blocks.size(); ++i) CHECK(blocks[i - 1].first + blocks[i - 1].second <= blocks[i].first);
+
+  if (oom_bytes) {
+    void* d = nullptr;
+    cudaError_t e = cudaMalloc(&d, oom_bytes);
+    std::printf("oom: %s\n", cudaGetErrorName(e));
+    CHECK(e == cudaErrorMemoryAllocation);
+    CHECK(d == nullptr);
+    cudaGetLastError();
+  }
+
+  // Device to device.
+  {
+    const size_t n = 1 << 20;
+    std::vector<unsigned char> in = pattern(n, 99), out(n, 0);
+    CHECK_CUDA(cudaMemcpy(ptrs[0], in.data(), n, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(ptrs[1], ptrs[0], n, cudaMemcpyDeviceToDevice));
+    CHECK_CUDA(cudaMemcpy(out.data(), ptrs[1], n, cudaMemcpyDeviceToHost));
+    CHECK(in == out);
+  }
+
+  size_t free_after = 0, total_after = 0;
+  CHECK_CUDA(cudaMemGetInfo(&free_after, &total_after));
+  CHECK(total_after == total_bytes);
+  CHECK(free_after < free_bytes);
+
+  // Size 0: a null pointer and success. cudaFree(nullptr): success.
+  void* none = reinterpret_cast<void*>(1);
+  CHECK_CUDA(cudaMalloc(&none, 0));
+  CHECK(none == nullptr);
+  CHECK_CUDA(cudaFree(nullptr));
+
+  // Stream-ordered allocation on a stream, and on the per-thread default stream.
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreate(&s));
+  {
+    const size_t n = 2 << 20;
+    void* d = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&d, n, s));
+    CHECK(d != nullptr);
+    std::vector<unsigned char> out(n, 0);
+    CHECK_CUDA(cudaMemsetAsync(d, 0x7b, n, s));
+    CHECK_CUDA(cudaMemcpyAsync(out.data(), d, n, cudaMemcpyDeviceToHost, s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    CHECK(std::all_of(out.begin(), out.end(), [](unsigned char c) { return c == 0x7b; }));
+    CHECK_CUDA(cudaFreeAsync(d, s));
+    // Reallocated on the same stream after its free: stream order makes it safe at once.
+    void* again = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&again, n, s));
+    CHECK(again != nullptr);
+    CHECK_CUDA(cudaFreeAsync(again, s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
+  }
+  {
+    void* d = nullptr;
+    CHECK_CUDA(cudaMallocAsync_ptsz(&d, 4096, nullptr));
+    CHECK(d != nullptr);
+    CHECK_CUDA(cudaMemsetAsync(d, 1, 4096, cudaStreamPerThread));
+    CHECK_CUDA(cudaFreeAsync_ptsz(d, nullptr));
+    CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+  }
+  CHECK_CUDA(cudaStreamDestroy(s));
+
+  for (void* d : ptrs) CHECK_CUDA(cudaFree(d));
+
+  // A double free is an error, with or without vramswap.
+  {
+    void* d = nullptr;
+    CHECK_CUDA(cudaMalloc(&d, 4096));
+    CHECK_CUDA(cudaFree(d));
+    CHECK(cudaFree(d) == cudaErrorInvalidValue);
+    cudaGetLastError();  // the runtime's sticky-free error state, if any
+  }
+
+  if (big_bytes) {
+    void* d = nullptr;
+    CHECK_CUDA(cudaMalloc(&d, big_bytes));
+    CHECK(d != nullptr);
+    CHECK_CUDA(cudaFree(d));
+  }
+
+  if (failures == 0) std::printf("preload_app: ok\n");
+  return failures == 0 ? 0 : 1;
+}
