@@ -52,6 +52,8 @@ struct Block {
   State state = State::kFree;
   cudaStream_t tag = kAnyStream;       // free: who may reuse it; live: the allocation stream
   std::vector<cudaStream_t> also_on;   // live: streams added by record_stream
+  bool own_span = false;               // live: granule-aligned, alone on its granules
+  bool unmapped = false;               // live own-span block whose pages were taken away
 };
 
 struct QuickKey {
@@ -93,6 +95,14 @@ class DevicePool::Impl {
   void* allocate(size_t size, cudaStream_t stream, std::string* error);
   Result deallocate(void* ptr, cudaStream_t stream);
   Result record_stream(void* ptr, cudaStream_t stream);
+  void* allocate_own_span(size_t size, cudaStream_t stream, std::string* error);
+  Result unmap_block(void* ptr);
+  Result map_block(void* ptr);
+  void set_reclaimer(Reclaimer r) {
+    std::lock_guard lock(mu_);
+    reclaimer_ = std::move(r);
+  }
+  uint64_t granularity() const { return granularity_; }
   void empty_cache();
   PoolStats stats() const;
   void reset_peaks();
@@ -111,13 +121,20 @@ class DevicePool::Impl {
   }
   // Makes `b` free with `tag`, merged with free neighbours of the same tag.
   void release_block(BlockIt b, cudaStream_t tag);
-  // The best-fitting free block for `size` usable on `stream`, or end().
-  BlockIt find_fit(uint64_t size, cudaStream_t stream);
+  // The best-fitting free block for `size` usable on `stream`, or end(). With `aligned`,
+  // the block must hold `size` bytes from its first granule boundary.
+  BlockIt find_fit(uint64_t size, cudaStream_t stream, bool aligned = false);
+  // The common slow path of allocate() and allocate_own_span().
+  void* allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool own_span,
+                      std::unique_lock<std::mutex>& lock, std::string* error);
   // Maps every unmapped granule under [addr, addr+size). False (with *why), and nothing
   // newly mapped, when the limit would be passed or the device is full.
   bool map_range(uintptr_t addr, uint64_t size, std::string* why);
-  // Unmaps granules that no live, pending or stream-tagged free block touches.
+  // Unmaps granules that no live, pending or stream-tagged free block touches; their pages
+  // become spare (still owned, mapped again before any new page is created).
   void unmap_unused();
+  // Releases every spare page back to the driver.
+  void release_spare();
   // Checks pending events; blocks whose events all completed become free.
   void poll_pending();
   // Synchronizes the device (lock released) and then makes every block that was free under
@@ -127,7 +144,7 @@ class DevicePool::Impl {
   bool synchronize_and_retire(std::unique_lock<std::mutex>& lock);
   // Merges every quick-listed block into the free index (slow paths need the whole picture).
   void flush_quick();
-  void* take(BlockIt b, uint64_t size, uint64_t requested, cudaStream_t stream, bool mapped_new);
+  void* take(BlockIt b, uint64_t size, cudaStream_t stream, bool own_span, bool mapped_new);
   std::string oom_report(size_t requested, uint64_t rounded, const std::string& why) const;
   uint64_t granule_index(uintptr_t addr) const { return (addr - va_.base()) / granularity_; }
 
@@ -145,6 +162,9 @@ class DevicePool::Impl {
   std::vector<Pending> pending_;
   std::unordered_map<QuickKey, std::vector<BlockIt>, QuickKeyHash> quick_;
   uint64_t quick_blocks_ = 0;
+  std::vector<cuda::PhysicalPages> spare_;  // owned pages mapped nowhere
+  uint64_t mapped_ = 0;                      // bytes of mapped granules
+  Reclaimer reclaimer_;
 
   uint64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   uint64_t num_allocs_ = 0, num_frees_ = 0, num_cache_hits_ = 0, num_ooms_ = 0;
@@ -169,16 +189,18 @@ DevicePool::Impl::Impl(const PoolOptions& options) : device_(options.device), ev
   index_insert(b);
 }
 
-DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t stream) {
+DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t stream, bool aligned) {
   BlockIt best = blocks_.end();
   uint64_t best_size = UINT64_MAX;
   for (cudaStream_t tag : {stream, kAnyStream}) {
     auto it = free_.find(tag);
     if (it == free_.end()) continue;
-    auto fit = it->second.lower_bound({size, 0});
-    if (fit != it->second.end() && fit->first < best_size) {
+    for (auto fit = it->second.lower_bound({size, 0}); fit != it->second.end() && fit->first < best_size; ++fit) {
+      const uint64_t head = aligned ? round_up(fit->second, granularity_) - fit->second : 0;
+      if (fit->first < head + size) continue;  // only an aligned request can miss here
       best_size = fit->first;
       best = blocks_.find(fit->second);
+      break;
     }
   }
   return best;
@@ -189,33 +211,53 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
   uint64_t missing = 0;
   for (uint64_t g = first; g <= last; ++g) missing += granules_[g].mapping ? 0 : 1;
   if (missing == 0) return true;
-  if (reserved_ + missing * granularity_ > limit_) {  // refuse before mapping anything
+  const uint64_t created = missing > spare_.size() ? missing - spare_.size() : 0;
+  if (reserved_ + created * granularity_ > limit_) {  // refuse before mapping anything
     *why = "the limit";
     return false;
   }
   cuda::ContextScope scope(device_);
-  std::vector<uint64_t> mapped_now;
+  std::vector<std::pair<uint64_t, bool>> mapped_now;  // (granule, its pages were spare)
   for (uint64_t g = first; g <= last; ++g) {
     if (granules_[g].mapping) continue;
+    const bool recycled = !spare_.empty();
     try {
-      cuda::PhysicalPages pages(device_, granularity_);
-      cuda::Mapping mapping(va_.base() + g * granularity_, pages);
+      cuda::PhysicalPages pages;
+      if (recycled) {  // pages given up by eviction or by unused cache first
+        pages = std::move(spare_.back());
+        spare_.pop_back();
+      } else {
+        pages = cuda::PhysicalPages(device_, granularity_);
+        reserved_ += granularity_;
+      }
+      try {
+        granules_[g].mapping = cuda::Mapping(va_.base() + g * granularity_, pages);
+      } catch (...) {
+        if (recycled) spare_.push_back(std::move(pages));
+        else reserved_ -= granularity_;
+        throw;
+      }
       granules_[g].pages = std::move(pages);
-      granules_[g].mapping = std::move(mapping);
-      mapped_now.push_back(g);
+      mapped_now.emplace_back(g, recycled);
+      mapped_ += granularity_;
     } catch (const cuda::CudaError& e) {
-      // The device is full: give back what this call mapped, so that a refused request
-      // leaves the device as it found it for its other users.
-      for (uint64_t m : mapped_now) {
+      // The device is full: undo this call, so that a refused request leaves the device as
+      // it found it for its other users (recycled pages go back to the spare list).
+      for (auto [m, was_spare] : mapped_now) {
         granules_[m].mapping = cuda::Mapping();
-        granules_[m].pages = cuda::PhysicalPages();
+        if (was_spare) {
+          spare_.push_back(std::move(granules_[m].pages));
+        } else {
+          granules_[m].pages = cuda::PhysicalPages();
+          reserved_ -= granularity_;
+        }
+        mapped_ -= granularity_;
       }
       if (!e.out_of_memory()) throw;
       *why = "the device's free memory";
       return false;
     }
   }
-  reserved_ += mapped_now.size() * granularity_;
   peak_reserved_ = std::max(peak_reserved_, reserved_);
   return true;
 }
@@ -231,9 +273,16 @@ void DevicePool::Impl::unmap_unused() {
     if (busy[g] || !granules_[g].mapping) continue;
     if (!scope) scope = std::make_unique<cuda::ContextScope>(device_);
     granules_[g].mapping = cuda::Mapping();
-    granules_[g].pages = cuda::PhysicalPages();
-    reserved_ -= granularity_;
+    spare_.push_back(std::move(granules_[g].pages));
+    mapped_ -= granularity_;
   }
+}
+
+void DevicePool::Impl::release_spare() {
+  if (spare_.empty()) return;
+  cuda::ContextScope scope(device_);
+  reserved_ -= spare_.size() * granularity_;
+  spare_.clear();
 }
 
 void DevicePool::Impl::release_block(BlockIt b, cudaStream_t tag) {
@@ -312,9 +361,17 @@ void DevicePool::Impl::flush_quick() {
   quick_blocks_ = 0;
 }
 
-void* DevicePool::Impl::take(BlockIt b, uint64_t size, uint64_t requested, cudaStream_t stream, bool mapped_new) {
-  (void)requested;
+void* DevicePool::Impl::take(BlockIt b, uint64_t size, cudaStream_t stream, bool own_span, bool mapped_new) {
   index_erase(b);
+  if (own_span) {  // split off the part before the first granule boundary
+    const uint64_t head = round_up(b->first, granularity_) - b->first;
+    if (head) {
+      Block rest{b->second.size - head, State::kFree, b->second.tag, {}};
+      b->second.size = head;
+      index_insert(b);
+      b = blocks_.emplace(b->first + head, rest).first;
+    }
+  }
   if (b->second.size > size) {  // split: the rest stays free under the same tag
     Block rest{b->second.size - size, State::kFree, b->second.tag, {}};
     b->second.size = size;
@@ -322,6 +379,8 @@ void* DevicePool::Impl::take(BlockIt b, uint64_t size, uint64_t requested, cudaS
   }
   b->second.state = State::kLive;
   b->second.tag = stream;
+  b->second.own_span = own_span;
+  b->second.unmapped = false;
   allocated_ += size;
   peak_allocated_ = std::max(peak_allocated_, allocated_);
   ++num_allocs_;
@@ -356,27 +415,87 @@ void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* 
     // A miss: merge the quick lists so that best fit sees every cached block.
     flush_quick();
   }
+  return allocate_slow(size, rounded, stream, false, lock, error);
+}
+
+void* DevicePool::Impl::allocate_own_span(size_t size, cudaStream_t stream, std::string* error) {
+  error->clear();
+  if (size == 0) return nullptr;
+  std::unique_lock lock(mu_);
+  if (size > va_.size() - granularity_) {
+    ++num_ooms_;
+    *error = oom_report(size, size, "the pool's address range");
+    return nullptr;
+  }
+  if (!pending_.empty()) poll_pending();
+  flush_quick();
+  return allocate_slow(size, round_up(size, granularity_), stream, true, lock, error);
+}
+
+void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool own_span,
+                                      std::unique_lock<std::mutex>& lock, std::string* error) {
   std::string why;
-  // Escalating attempts: as is; after unmapping unused cached granules; after waiting for
-  // other streams' freed blocks and unmapping what that frees.
-  for (int attempt = 0; attempt < 3; ++attempt) {
+  // Escalating attempts: as is; after unmapping unused cached granules (their pages become
+  // spare, reusable at once); after a device synchronization makes other streams' cached
+  // blocks usable; after the reclaimer (eviction, when installed) freed device memory.
+  for (int attempt = 0; attempt < 4; ++attempt) {
     if (attempt == 1) unmap_unused();
     if (attempt == 2) {
       if (!synchronize_and_retire(lock)) break;
       unmap_unused();
     }
-    BlockIt b = find_fit(rounded, stream);
+    if (attempt == 3) {
+      if (!reclaimer_) break;
+      Reclaimer reclaim = reclaimer_;
+      lock.unlock();
+      const uint64_t freed = reclaim(rounded);
+      lock.lock();
+      if (freed == 0) break;
+      if (!pending_.empty()) poll_pending();
+      flush_quick();
+      unmap_unused();
+    }
+    BlockIt b = find_fit(rounded, stream, own_span);
     if (b == blocks_.end()) {
       why = "the pool's address range";
       continue;
     }
+    const uintptr_t start = own_span ? round_up(b->first, granularity_) : b->first;
     const uint64_t reserved_before = reserved_;
-    if (!map_range(b->first, rounded, &why)) continue;
-    return take(b, rounded, size, stream, reserved_ != reserved_before);
+    if (!map_range(start, rounded, &why)) continue;
+    return take(b, rounded, stream, own_span, reserved_ != reserved_before);
   }
   ++num_ooms_;
   *error = oom_report(size, rounded, why);
   return nullptr;
+}
+
+Result DevicePool::Impl::unmap_block(void* ptr) {
+  std::lock_guard lock(mu_);
+  auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (b == blocks_.end() || b->second.state != State::kLive || !b->second.own_span)
+    return {false, "unmap of " + pointer_name(ptr) + ": not a live block with its own span"};
+  if (b->second.unmapped) return {false, "unmap of " + pointer_name(ptr) + ": already unmapped"};
+  cuda::ContextScope scope(device_);
+  for (uint64_t g = granule_index(b->first), last = granule_index(b->first + b->second.size - 1); g <= last; ++g) {
+    granules_[g].mapping = cuda::Mapping();
+    spare_.push_back(std::move(granules_[g].pages));
+    mapped_ -= granularity_;
+  }
+  b->second.unmapped = true;
+  return {};
+}
+
+Result DevicePool::Impl::map_block(void* ptr) {
+  std::lock_guard lock(mu_);
+  auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (b == blocks_.end() || b->second.state != State::kLive || !b->second.own_span || !b->second.unmapped)
+    return {false, "map of " + pointer_name(ptr) + ": not a live, unmapped block with its own span"};
+  std::string why;
+  if (!map_range(b->first, b->second.size, &why))
+    return {false, "map of " + pointer_name(ptr) + " (" + format_size(b->second.size) + "): refused by " + why};
+  b->second.unmapped = false;
+  return {};
 }
 
 Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) {
@@ -402,7 +521,7 @@ Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) {
   others.erase(std::unique(others.begin(), others.end()), others.end());
   allocated_ -= block.size;
   ++num_frees_;
-  if (others.empty()) {
+  if (others.empty() && !block.own_span) {
     auto& list = quick_[{stream, block.size}];
     if (list.size() < kQuickPerSize) {
       block.state = State::kQuick;
@@ -445,6 +564,7 @@ void DevicePool::Impl::empty_cache() {
   flush_quick();
   synchronize_and_retire(lock);
   unmap_unused();
+  release_spare();
 }
 
 PoolStats DevicePool::Impl::stats() const {
@@ -452,6 +572,8 @@ PoolStats DevicePool::Impl::stats() const {
   PoolStats s;
   s.allocated_bytes = allocated_;
   s.reserved_bytes = reserved_;
+  s.mapped_bytes = mapped_;
+  s.spare_bytes = spare_.size() * granularity_;
   s.peak_allocated_bytes = peak_allocated_;
   s.peak_reserved_bytes = peak_reserved_;
   s.limit_bytes = limit_;
@@ -497,6 +619,13 @@ Result DevicePool::deallocate(void* ptr, cudaStream_t stream) { return impl_->de
 Result DevicePool::record_stream(void* ptr, cudaStream_t stream) { return impl_->record_stream(ptr, stream); }
 void DevicePool::empty_cache() { impl_->empty_cache(); }
 PoolStats DevicePool::stats() const { return impl_->stats(); }
+void* DevicePool::allocate_own_span(size_t size, cudaStream_t stream, std::string* error) {
+  return impl_->allocate_own_span(size, stream, error);
+}
+Result DevicePool::unmap_block(void* ptr) { return impl_->unmap_block(ptr); }
+Result DevicePool::map_block(void* ptr) { return impl_->map_block(ptr); }
+void DevicePool::set_reclaimer(Reclaimer reclaimer) { impl_->set_reclaimer(std::move(reclaimer)); }
+uint64_t DevicePool::granularity() const { return impl_->granularity(); }
 void DevicePool::reset_peaks() { impl_->reset_peaks(); }
 bool DevicePool::owns(const void* ptr) const { return impl_->owns(ptr); }
 int DevicePool::device() const { return impl_->device(); }

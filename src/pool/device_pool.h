@@ -40,6 +40,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -53,7 +54,9 @@ struct PoolOptions {
 
 struct PoolStats {
   uint64_t allocated_bytes = 0;       // bytes in live blocks (as rounded)
-  uint64_t reserved_bytes = 0;        // bytes of mapped physical memory
+  uint64_t reserved_bytes = 0;        // bytes of physical memory the pool owns: mapped + spare
+  uint64_t mapped_bytes = 0;          // bytes of mapped granules (resident)
+  uint64_t spare_bytes = 0;           // owned pages mapped nowhere, reused before new ones
   uint64_t peak_allocated_bytes = 0;
   uint64_t peak_reserved_bytes = 0;
   uint64_t limit_bytes = 0;           // the effective limit
@@ -96,8 +99,36 @@ class DevicePool {
   // the work queued on `stream` before the free has completed. Thread-safe.
   Result record_stream(void* ptr, cudaStream_t stream);
 
-  // Unmaps and releases every mapped granule no live or pending block uses. Thread-safe.
+  // Unmaps and releases every mapped granule no live or pending block uses, and every spare
+  // page. Thread-safe.
   void empty_cache();
+
+  // ---- For the residency engine (eviction) ----
+
+  // Like allocate(), but the block starts on a granule boundary and covers whole granules
+  // that no other block touches, so that its pages can be taken away and given back
+  // without affecting any other block. Never served from the quick lists. Thread-safe.
+  void* allocate_own_span(size_t size, cudaStream_t stream, std::string* error);
+
+  // Unmaps the pages under a live own-span block (the caller ordered this after all work
+  // using it); they become spare pages, mapped again before any new page is created. The
+  // block stays live and keeps its address. Thread-safe.
+  Result unmap_block(void* ptr);
+
+  // Maps pages (spare first) under a live own-span block that unmap_block() emptied.
+  // Refused, with nothing mapped, when the limit or the device does not allow it.
+  // Thread-safe.
+  Result map_block(void* ptr);
+
+  // Called, with no pool lock held, when an allocation found no memory within the limit
+  // even after the pool's own measures; it should free at least `bytes` of device memory
+  // (for instance by evicting blocks and unmap_block()ing them) and return how much it
+  // freed (0: nothing, the allocation fails). Set once, before allocations start.
+  using Reclaimer = std::function<uint64_t(uint64_t bytes)>;
+  void set_reclaimer(Reclaimer reclaimer);
+
+  // The VMM allocation granularity of the device. Thread-safe (immutable).
+  uint64_t granularity() const;
 
   // A consistent reading of the counters. Thread-safe.
   PoolStats stats() const;

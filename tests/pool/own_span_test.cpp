@@ -1,0 +1,136 @@
+// The pool's support for eviction: own-span blocks, taking their pages away and giving
+// them back at the same address, spare pages, and the reclaimer (device_pool.h, "For the
+// residency engine").
+#include <atomic>
+
+#include "pool_test_util.h"
+
+namespace pool_test {
+namespace {
+
+class OwnSpan : public ::testing::Test {
+ protected:
+  void make_pool(uint64_t limit) { pool_ = std::make_unique<DevicePool>(PoolOptions{0, limit}); }
+  DevicePool& pool() { return *pool_; }
+  void* own(size_t size) {
+    std::string error;
+    void* p = pool_->allocate_own_span(size, nullptr, &error);
+    EXPECT_TRUE(error.empty()) << error;
+    return p;
+  }
+  void* plain(size_t size) {
+    std::string error;
+    void* p = pool_->allocate(size, nullptr, &error);
+    EXPECT_TRUE(error.empty()) << error;
+    return p;
+  }
+  std::unique_ptr<DevicePool> pool_;
+};
+
+TEST_F(OwnSpan, StartsOnAGranuleAndSharesNoGranule) {
+  make_pool(0);
+  const size_t g = granularity();
+  void* a = plain(1000);  // puts the next free address off a granule boundary
+  void* b = own(3 * kMiB);
+  void* c = plain(1000);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(0u, address(b) % g);
+  const uint64_t span = round_up(3 * kMiB, g);
+  // No other block may touch [b, b + span).
+  for (void* other : {a, c}) {
+    EXPECT_TRUE(address(other) + 1000 <= address(b) || address(other) >= address(b) + span)
+        << "a plain block shares a granule with the own-span block";
+  }
+  EXPECT_TRUE(pool().deallocate(a, nullptr).ok);
+  EXPECT_TRUE(pool().deallocate(b, nullptr).ok);
+  EXPECT_TRUE(pool().deallocate(c, nullptr).ok);
+}
+
+TEST_F(OwnSpan, UnmapThenMapKeepsTheAddressAndTheSpare) {
+  make_pool(0);
+  const size_t g = granularity();
+  auto* p = static_cast<unsigned char*>(own(2 * g));
+  ASSERT_NE(nullptr, p);
+  std::memset(p, 0x5a, 2 * g);
+  const PoolStats before = pool().stats();
+  ASSERT_TRUE(pool().unmap_block(p).ok);
+  PoolStats s = pool().stats();
+  EXPECT_EQ(before.mapped_bytes - 2 * g, s.mapped_bytes);
+  EXPECT_EQ(before.spare_bytes + 2 * g, s.spare_bytes);
+  EXPECT_EQ(before.reserved_bytes, s.reserved_bytes) << "unmapped pages stay owned, as spare";
+  EXPECT_EQ(before.allocated_bytes, s.allocated_bytes) << "the block stays live";
+  EXPECT_FALSE(pool().unmap_block(p).ok) << "a second unmap is refused";
+  ASSERT_TRUE(pool().map_block(p).ok);
+  s = pool().stats();
+  EXPECT_EQ(before.mapped_bytes, s.mapped_bytes);
+  EXPECT_EQ(before.reserved_bytes, s.reserved_bytes) << "spare pages were reused, none created";
+  p[0] = 1;  // mapped again, read-write, at the same address
+  p[2 * g - 1] = 2;
+  EXPECT_FALSE(pool().map_block(p).ok) << "mapping a mapped block is refused";
+  EXPECT_TRUE(pool().deallocate(p, nullptr).ok);
+}
+
+TEST_F(OwnSpan, UnmapOfAPlainBlockIsRefused) {
+  make_pool(0);
+  void* p = plain(4 * kMiB);
+  ASSERT_NE(nullptr, p);
+  EXPECT_FALSE(pool().unmap_block(p).ok);
+  EXPECT_FALSE(pool().unmap_block(offset(p, 512)).ok);
+  EXPECT_TRUE(pool().deallocate(p, nullptr).ok);
+}
+
+TEST_F(OwnSpan, SparePagesServeANewAllocationWithinTheLimit) {
+  const size_t g = granularity();
+  make_pool(4 * g);
+  void* a = own(4 * g);
+  ASSERT_NE(nullptr, a);
+  std::string error;
+  EXPECT_EQ(nullptr, pool().allocate(g, nullptr, &error)) << "the limit is full";
+  ASSERT_TRUE(pool().unmap_block(a).ok);
+  void* b = plain(g);
+  EXPECT_NE(nullptr, b) << "a spare page of the unmapped block serves it";
+  EXPECT_EQ(4 * g, pool().stats().reserved_bytes);
+  EXPECT_FALSE(pool().map_block(a).ok) << "only 3 spare pages are left for 4 granules";
+  EXPECT_TRUE(pool().deallocate(b, nullptr).ok);
+  pool().empty_cache();
+  EXPECT_TRUE(pool().map_block(a).ok);
+  EXPECT_TRUE(pool().deallocate(a, nullptr).ok);
+}
+
+TEST_F(OwnSpan, FreeingAnUnmappedBlockLeavesUsableMemory) {
+  const size_t g = granularity();
+  make_pool(2 * g);
+  void* a = own(2 * g);
+  ASSERT_NE(nullptr, a);
+  ASSERT_TRUE(pool().unmap_block(a).ok);
+  EXPECT_TRUE(pool().deallocate(a, nullptr).ok);
+  auto* b = static_cast<unsigned char*>(plain(2 * g));
+  ASSERT_NE(nullptr, b);
+  std::memset(b, 1, 2 * g);  // mapped, whatever address it got
+  EXPECT_TRUE(pool().deallocate(b, nullptr).ok);
+}
+
+TEST_F(OwnSpan, TheReclaimerRunsAtTheLimitAndItsPagesAreUsed) {
+  const size_t g = granularity();
+  make_pool(4 * g);
+  void* victim = own(4 * g);
+  ASSERT_NE(nullptr, victim);
+  std::atomic<int> calls{0};
+  pool().set_reclaimer([&](uint64_t bytes) -> uint64_t {
+    ++calls;
+    EXPECT_GE(4 * g, bytes);
+    return pool().unmap_block(victim).ok ? 4 * g : 0;
+  });
+  void* p = plain(2 * g);
+  EXPECT_NE(nullptr, p) << "the reclaimer's pages serve the allocation";
+  EXPECT_EQ(1, calls.load());
+  std::string error;
+  EXPECT_EQ(nullptr, pool().allocate(3 * g, nullptr, &error)) << "the reclaimer has nothing more";
+  EXPECT_EQ(2, calls.load());
+  EXPECT_NE(std::string::npos, error.find("out of memory")) << error;
+  EXPECT_TRUE(pool().deallocate(p, nullptr).ok);
+  EXPECT_TRUE(pool().deallocate(victim, nullptr).ok);
+}
+
+}  // namespace
+}  // namespace pool_test
