@@ -182,3 +182,26 @@ TEST_F(Capture, BeginningTwiceFails) {
 }
 
 }  // namespace
+
+namespace {
+
+// cudaStreamIsCapturing: "if this is called on cudaStreamLegacy (the "null stream") while a
+// blocking stream on the same device is capturing, it will return
+// cudaErrorStreamCaptureImplicit ... The blocking stream capture is not invalidated."
+TEST(CaptureLegacy, AskingTheLegacyStreamDoesNotInvalidateABlockingCapture) {
+  ASSERT_CUDA_OK(cudaSetDevice(0));
+  cudasim_test::Stream blocking{cudaStreamDefault};
+  ASSERT_CUDA_OK(blocking.status());
+  ASSERT_CUDA_OK(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeGlobal));
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  EXPECT_EQ(cudaErrorStreamCaptureImplicit, cudaStreamIsCapturing(cudaStreamLegacy, &status));
+  cudaGetLastError();
+  ASSERT_CUDA_OK(cudaStreamIsCapturing(blocking, &status));
+  EXPECT_EQ(cudaStreamCaptureStatusActive, status);
+  cudaGraph_t graph = nullptr;
+  EXPECT_CUDA_OK(cudaStreamEndCapture(blocking, &graph));
+  ASSERT_NE(nullptr, graph);
+  EXPECT_CUDA_OK(cudaGraphDestroy(graph));
+}
+
+}  // namespace

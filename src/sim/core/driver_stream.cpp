@@ -198,9 +198,10 @@ CUresult is_capturing(CUstream h, CUstreamCaptureStatus* status, bool per_thread
   auto s = resolve_stream(h, per_thread, &err);
   if (!s) return err;
   if (s->kind() == Stream::Kind::kLegacy) {
-    // Asking about the legacy stream while a blocking stream captures is itself an
-    // implicit dependency.
-    if (CUresult r = check_legacy_implicit(s)) return r;
+    // Asking about the legacy stream while a blocking stream captures is refused, but,
+    // as CUDA documents, the blocking stream's capture is not invalidated.
+    for (auto& other : s->device()->blocking_streams())
+      if (other->capture()) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
   }
   auto cap = s->capture();
   *status = !cap ? CU_STREAM_CAPTURE_STATUS_NONE

@@ -1,0 +1,57 @@
+// Streams and stream operations. See stream.h.
+#include "cuda/stream.h"
+
+#include <utility>
+
+#include "cuda/device.h"
+#include "cuda/error.h"
+
+namespace vramswap::cuda {
+
+Stream Stream::create(int device, int priority) {
+  ContextScope scope(device);
+  Stream s;
+  VRAMSWAP_CUDART(cudaStreamCreateWithPriority(&s.stream_, cudaStreamNonBlocking, priority));
+  return s;
+}
+Stream::~Stream() { reset(); }
+Stream::Stream(Stream&& o) noexcept : stream_(std::exchange(o.stream_, nullptr)) {}
+Stream& Stream::operator=(Stream&& o) noexcept {
+  if (this != &o) {
+    reset();
+    stream_ = std::exchange(o.stream_, nullptr);
+  }
+  return *this;
+}
+void Stream::reset() noexcept {
+  if (stream_) cudaStreamDestroy(stream_);  // queued work still completes
+  stream_ = nullptr;
+}
+
+void copy_async(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  VRAMSWAP_CUDART(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+}
+
+void wait_event(cudaStream_t stream, const Event& event) {
+  VRAMSWAP_CUDART(cudaStreamWaitEvent(stream, event.get(), 0));
+}
+
+bool is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(stream, &status);
+  if (e == cudaErrorStreamCaptureImplicit) {  // the legacy stream, while a blocking stream captures
+    cudaGetLastError();
+    return true;
+  }
+  VRAMSWAP_CUDART(e);
+  return status != cudaStreamCaptureStatusNone;
+}
+
+int greatest_priority(int device) {
+  ContextScope scope(device);
+  int least = 0, greatest = 0;
+  VRAMSWAP_CUDART(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  return greatest;
+}
+
+}  // namespace vramswap::cuda

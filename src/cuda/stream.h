@@ -1,0 +1,45 @@
+// Streams: an owning stream for vramswap's own work (the copy streams), and the stream
+// operations the engine queues on any stream (copies, waits, the capture check).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "cuda/event.h"
+
+namespace vramswap::cuda {
+
+class Stream {
+ public:
+  Stream() = default;
+  // A non-blocking stream (it does not synchronize with the legacy default stream) on
+  // `device`, at the given priority (clamped by CUDA to the device's range; lower is more
+  // urgent). Throws CudaError.
+  static Stream create(int device, int priority = 0);
+  ~Stream();
+  Stream(Stream&& o) noexcept;
+  Stream& operator=(Stream&& o) noexcept;
+
+  cudaStream_t get() const { return stream_; }
+  explicit operator bool() const { return stream_ != nullptr; }
+
+ private:
+  void reset() noexcept;
+  cudaStream_t stream_ = nullptr;
+};
+
+// Queues a copy of `bytes` from `src` to `dst` on `stream` (any direction; unified
+// addressing tells which). Throws CudaError.
+void copy_async(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+
+// Makes work queued on `stream` after this call wait for `event`. Throws CudaError.
+void wait_event(cudaStream_t stream, const Event& event);
+
+// True when `stream` is being captured into a CUDA graph. Throws CudaError.
+bool is_capturing(cudaStream_t stream);
+
+// The device's greatest (most urgent) stream priority.
+int greatest_priority(int device);
+
+}  // namespace vramswap::cuda
