@@ -164,6 +164,7 @@ class DevicePool::Impl {
   uint64_t quick_blocks_ = 0;
   std::vector<cuda::PhysicalPages> spare_;  // owned pages mapped nowhere
   uint64_t mapped_ = 0;                      // bytes of mapped granules
+  uint64_t peak_mapped_ = 0;
   Reclaimer reclaimer_;
 
   uint64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
@@ -259,6 +260,7 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
     }
   }
   peak_reserved_ = std::max(peak_reserved_, reserved_);
+  peak_mapped_ = std::max(peak_mapped_, mapped_);
   return true;
 }
 
@@ -487,15 +489,30 @@ Result DevicePool::Impl::unmap_block(void* ptr) {
 }
 
 Result DevicePool::Impl::map_block(void* ptr) {
-  std::lock_guard lock(mu_);
-  auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
+  std::unique_lock lock(mu_);
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  auto b = blocks_.find(addr);
   if (b == blocks_.end() || b->second.state != State::kLive || !b->second.own_span || !b->second.unmapped)
     return {false, "map of " + pointer_name(ptr) + ": not a live, unmapped block with its own span"};
+  const uint64_t size = b->second.size;
   std::string why;
-  if (!map_range(b->first, b->second.size, &why))
-    return {false, "map of " + pointer_name(ptr) + " (" + format_size(b->second.size) + "): refused by " + why};
-  b->second.unmapped = false;
-  return {};
+  // The pool's own measures, as for an allocation (the caller is the reclaimer's owner:
+  // no reclaim here).
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt == 1) {
+      flush_quick();
+      unmap_unused();
+    }
+    if (attempt == 2) {
+      if (!synchronize_and_retire(lock)) break;  // the lock was released: look again
+      unmap_unused();
+    }
+    if (map_range(addr, size, &why)) {
+      blocks_.at(addr).unmapped = false;
+      return {};
+    }
+  }
+  return {false, "map of " + pointer_name(ptr) + " (" + format_size(size) + "): refused by " + why};
 }
 
 Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) {
@@ -573,6 +590,7 @@ PoolStats DevicePool::Impl::stats() const {
   s.allocated_bytes = allocated_;
   s.reserved_bytes = reserved_;
   s.mapped_bytes = mapped_;
+  s.peak_mapped_bytes = peak_mapped_;
   s.spare_bytes = spare_.size() * granularity_;
   s.peak_allocated_bytes = peak_allocated_;
   s.peak_reserved_bytes = peak_reserved_;
@@ -591,6 +609,7 @@ void DevicePool::Impl::reset_peaks() {
   std::lock_guard lock(mu_);
   peak_allocated_ = allocated_;
   peak_reserved_ = reserved_;
+  peak_mapped_ = mapped_;
 }
 
 std::string DevicePool::Impl::oom_report(size_t requested, uint64_t rounded, const std::string& why) const {

@@ -56,6 +56,7 @@ struct PoolStats {
   uint64_t allocated_bytes = 0;       // bytes in live blocks (as rounded)
   uint64_t reserved_bytes = 0;        // bytes of physical memory the pool owns: mapped + spare
   uint64_t mapped_bytes = 0;          // bytes of mapped granules (resident)
+  uint64_t peak_mapped_bytes = 0;
   uint64_t spare_bytes = 0;           // owned pages mapped nowhere, reused before new ones
   uint64_t peak_allocated_bytes = 0;
   uint64_t peak_reserved_bytes = 0;
