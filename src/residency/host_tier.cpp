@@ -1,0 +1,537 @@
+// HostTier: the chunks, the limit, the counters and the lock (Note [The host tier] in
+// host_tier.h), and the best-fit placement that ships.
+//
+// Invariants (checked by tests/host_tier through the public API):
+//   * chunks holds every pinned chunk (base -> size); pinned is their sum and never more
+//     than limit; used is the sum of the live blocks' sizes as placed;
+//   * growing is true exactly while one thread pins a chunk with mu released; no other
+//     thread pins meanwhile (they wait on `grown`), so the limit check needs no reservation;
+//   * BestFitPlacer: extents_ tiles every chunk exactly, in address order; each extent is a
+//     multiple of 512 bytes at a 512-aligned address; no two free extents of one chunk are
+//     neighbours (they are merged at once); free_ indexes exactly the free extents.
+#include "residency/host_tier.h"
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+
+#include "config/units.h"
+#include "cuda/device.h"
+#include "cuda/error.h"
+
+namespace vramswap::residency {
+namespace {
+
+uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+void* pointer(uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+std::string pointer_name(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+// Pins a chunk on `device`'s primary context (the calling thread's current context is
+// restored afterwards). nullptr, with *error, when the driver refuses.
+void* pin_chunk(int device, uint64_t bytes, std::string* error) {
+  try {
+    cuda::ContextScope scope(device);
+    void* p = nullptr;
+    VRAMSWAP_CUDART(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
+    return p;
+  } catch (const cuda::CudaError& e) {
+    *error = e.what();
+    return nullptr;
+  }
+}
+
+// Unpins a chunk. A failure is ignored: at exit the runtime may have shut down already
+// (cudaErrorCudartUnloading), and the memory then goes back with the process; otherwise
+// there is nothing better to do with a chunk the driver will not take back.
+void release_chunk(void* base) noexcept {
+  if (cudaFreeHost(base) != cudaSuccess) cudaGetLastError();  // not the program's error
+}
+
+// ---- Best fit ----
+
+class BestFitPlacer final : public HostTier::Placer {
+ public:
+  const char* name() const override { return "best_fit"; }
+
+  uint64_t chunk_bytes_for(uint64_t bytes, uint64_t chunk_bytes) const override {
+    return round_up(std::max(bytes, chunk_bytes), kHostChunkGranularity);
+  }
+
+  bool add_chunk(void* base, uint64_t size, std::string* error) override {
+    const uintptr_t a = address(base);
+    if (a % kHostBlockAlignment != 0 || size % kHostBlockAlignment != 0) {
+      *error = "the chunk at " + pointer_name(base) + " is not 512-byte aligned";
+      return false;
+    }
+    chunks_.emplace(a, size);
+    extents_.emplace(a, Extent{size, a, false});
+    free_.emplace(size, a);
+    return true;
+  }
+
+  void* place(uint64_t bytes) override {
+    auto best = free_.lower_bound({bytes, 0});
+    if (best == free_.end()) return nullptr;
+    const uintptr_t a = best->second;
+    free_.erase(best);
+    auto it = extents_.find(a);
+    Extent& e = it->second;
+    if (e.size > bytes) {  // the rest stays free, right after the block
+      extents_.emplace_hint(std::next(it), a + bytes, Extent{e.size - bytes, e.chunk, false});
+      free_.emplace(e.size - bytes, a + bytes);
+      e.size = bytes;
+    }
+    e.live = true;
+    return pointer(a);
+  }
+
+  std::optional<uint64_t> release(void* p, std::string* error) override {
+    const uintptr_t a = address(p);
+    auto it = extents_.find(a);
+    if (it == extents_.end() || !it->second.live) {
+      *error = why_not_live(a, it);
+      return std::nullopt;
+    }
+    const uint64_t size = it->second.size;
+    it->second.live = false;
+    auto next = std::next(it);
+    if (next != extents_.end() && !next->second.live && next->second.chunk == it->second.chunk) {
+      free_.erase({next->second.size, next->first});
+      it->second.size += next->second.size;
+      extents_.erase(next);
+    }
+    if (it != extents_.begin()) {
+      auto prev = std::prev(it);
+      if (!prev->second.live && prev->second.chunk == it->second.chunk) {
+        free_.erase({prev->second.size, prev->first});
+        prev->second.size += it->second.size;
+        extents_.erase(it);
+        it = prev;
+      }
+    }
+    free_.emplace(it->second.size, it->first);
+    return size;
+  }
+
+  uint64_t free_chunk_bytes() const override {
+    uint64_t bytes = 0;
+    for (const auto& [base, size] : chunks_) {
+      if (is_free_chunk(base, size)) bytes += size;
+    }
+    return bytes;
+  }
+
+  std::vector<void*> take_free_chunks() override {
+    std::vector<void*> taken;
+    for (auto c = chunks_.begin(); c != chunks_.end();) {
+      if (!is_free_chunk(c->first, c->second)) {
+        ++c;
+        continue;
+      }
+      free_.erase({c->second, c->first});
+      extents_.erase(c->first);
+      taken.push_back(pointer(c->first));
+      c = chunks_.erase(c);
+    }
+    return taken;
+  }
+
+  std::optional<uint64_t> largest_free_bytes() const override {
+    return free_.empty() ? 0 : free_.rbegin()->first;
+  }
+
+ private:
+  struct Extent {
+    uint64_t size;
+    uintptr_t chunk;  // the base of the chunk it lies in: extents never span two chunks,
+                      // even when the chunks happen to be neighbours in memory
+    bool live;
+  };
+  using ExtentIt = std::map<uintptr_t, Extent>::const_iterator;
+
+  bool is_free_chunk(uintptr_t base, uint64_t size) const {
+    auto it = extents_.find(base);
+    return it != extents_.end() && !it->second.live && it->second.size == size;
+  }
+
+  // Why `a` is not the start of a live block (`exact` is its extent, if one starts there).
+  std::string why_not_live(uintptr_t a, ExtentIt exact) const {
+    if (exact != extents_.end()) return "the block was freed already (double free)";
+    auto after = extents_.upper_bound(a);
+    if (after != extents_.begin()) {
+      const auto& [start, e] = *std::prev(after);
+      if (a < start + e.size) {
+        if (e.live) {
+          return "it points " + std::to_string(a - start) + " bytes into the block at " +
+                 pointer_name(pointer(start)) + " (" + format_size(e.size) + ")";
+        }
+        return "it lies in free memory of the tier (freed already?)";
+      }
+    }
+    return "the host tier did not allocate it";
+  }
+
+  std::map<uintptr_t, Extent> extents_;            // every extent, by address
+  std::set<std::pair<uint64_t, uintptr_t>> free_;  // (size, address) of the free ones
+  std::map<uintptr_t, uint64_t> chunks_;           // base -> size
+};
+
+// Raises `peak` to at least `value`. Called with the tier's mutex held (the only writer).
+void raise_peak(std::atomic<uint64_t>& peak, uint64_t value) {
+  if (value > peak.load(std::memory_order_relaxed)) peak.store(value, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+// ---- The tier ----
+
+struct HostTier::State {
+  State(const HostTierOptions& options, std::unique_ptr<Placer> p)
+      : device(options.device),
+        limit(options.limit_bytes != 0 ? options.limit_bytes
+                                        : default_host_limit_bytes(host_memory_bytes())),
+        chunk(options.chunk_bytes == 0
+                  ? kDefaultHostChunkBytes
+                  : round_up(std::min(options.chunk_bytes,
+                                      std::numeric_limits<uint64_t>::max() / 2),
+                             kHostChunkGranularity)),
+        placer(std::move(p)) {
+    if (device < 0) {
+      throw std::invalid_argument("HostTier: device " + std::to_string(device) + " is negative");
+    }
+    if (!placer) throw std::invalid_argument("HostTier: no placer");
+  }
+
+  // The report of a refused allocation. Called with mu held.
+  std::string refusal(uint64_t bytes, const std::string& why) const {
+    std::ostringstream out;
+    out << "host tier: cannot hold a block of " << format_size(bytes) << ": " << why << " ("
+        << format_size(pinned.load()) << " pinned of the " << format_size(limit)
+        << " limit, " << format_size(used.load()) << " in live blocks";
+    if (auto largest = placer->largest_free_bytes()) {
+      out << ", largest free extent " << format_size(*largest);
+    }
+    out << ", " << chunks.size() << " chunks of " << format_size(chunk) << ")";
+    return out.str();
+  }
+
+  // Pinned bytes not in live blocks that a block could be placed in. Called with mu held.
+  uint64_t free_bytes() const {
+    const uint64_t idle = pinned.load() - used.load();
+    return idle - std::min(idle, placer->unusable_bytes());
+  }
+
+  const int device;
+  const uint64_t limit;
+  const uint64_t chunk;
+
+  mutable std::mutex mu;
+  std::condition_variable grown;  // a thread finished pinning (growing went false)
+  bool growing = false;
+  std::unique_ptr<Placer> placer;
+  std::map<uintptr_t, uint64_t> chunks;  // base -> size
+
+  // Written under mu, read anywhere.
+  std::atomic<uint64_t> used{0};
+  std::atomic<uint64_t> pinned{0};
+  std::atomic<uint64_t> peak_used{0};
+  std::atomic<uint64_t> peak_pinned{0};
+
+  // Under mu.
+  uint64_t num_allocs = 0;
+  uint64_t num_frees = 0;
+  uint64_t num_refused = 0;
+  uint64_t num_bad_frees = 0;
+  uint64_t num_chunks_pinned = 0;
+  uint64_t num_chunks_released = 0;
+};
+
+HostTier::HostTier(const HostTierOptions& options) : HostTier(options, make_best_fit_placer()) {}
+
+HostTier::HostTier(const HostTierOptions& options, std::unique_ptr<Placer> placer)
+    : state_(std::make_unique<State>(options, std::move(placer))) {}
+
+HostTier::~HostTier() {
+  State& s = *state_;
+  s.placer.reset();  // first: a placement may keep state inside the chunks (mimalloc)
+  for (const auto& [base, size] : s.chunks) release_chunk(pointer(base));
+}
+
+void* HostTier::allocate(size_t bytes, std::string* error) {
+  State& s = *state_;
+  std::string ignored;
+  std::string& message = error != nullptr ? *error : ignored;
+  message.clear();
+  if (bytes == 0) return nullptr;
+
+  std::unique_lock lock(s.mu);
+  if (bytes > s.limit) {
+    ++s.num_refused;
+    message = s.refusal(bytes, "the request is larger than the limit (VRAMSWAP_HOST_LIMIT)");
+    return nullptr;
+  }
+  const uint64_t size = round_up(bytes, kHostBlockAlignment);  // no overflow: bytes <= limit
+
+  auto placed = [&](void* p) {
+    s.used.store(s.used.load() + size);
+    raise_peak(s.peak_used, s.used.load());
+    ++s.num_allocs;
+    return p;
+  };
+
+  for (;;) {
+    if (void* p = s.placer->place(size)) return placed(p);
+    if (s.growing) {  // another thread is pinning: wait for it, then look again
+      s.grown.wait(lock);
+      continue;
+    }
+
+    // Pin a chunk: of the configured size, or less where the limit is near; when even the
+    // least that holds the block does not fit, release chunks with no live block first.
+    const uint64_t least = s.placer->chunk_bytes_for(size, 0);
+    uint64_t headroom = s.limit - s.pinned.load();
+    std::vector<void*> released;
+    if (least > headroom) {
+      if (least > headroom + s.placer->free_chunk_bytes()) {
+        ++s.num_refused;
+        message = s.refusal(bytes, "the limit is reached (VRAMSWAP_HOST_LIMIT)");
+        return nullptr;
+      }
+      released = s.placer->take_free_chunks();
+      for (void* base : released) {
+        auto c = s.chunks.find(address(base));
+        s.pinned.store(s.pinned.load() - c->second);
+        s.chunks.erase(c);
+        ++s.num_chunks_released;
+      }
+      headroom = s.limit - s.pinned.load();
+    }
+    const uint64_t want = std::max(
+        least, std::min(s.placer->chunk_bytes_for(size, s.chunk),
+                        headroom / kHostChunkGranularity * kHostChunkGranularity));
+
+    s.growing = true;
+    lock.unlock();
+    std::string pin_error;
+    void* base = nullptr;
+    try {
+      for (void* chunk : released) release_chunk(chunk);
+      base = pin_chunk(s.device, want, &pin_error);
+    } catch (...) {  // std::bad_alloc from a message: the waiting threads must not hang
+      lock.lock();
+      s.growing = false;
+      s.grown.notify_all();
+      throw;
+    }
+    lock.lock();
+    s.growing = false;
+    s.grown.notify_all();
+
+    if (base == nullptr) {
+      ++s.num_refused;
+      message = s.refusal(bytes, "pinning a chunk of " + format_size(want) + " failed: " + pin_error);
+      return nullptr;
+    }
+    std::string why;
+    if (!s.placer->add_chunk(base, want, &why)) {
+      ++s.num_refused;
+      message = s.refusal(bytes, "the " + std::string(s.placer->name()) +
+                                     " placement cannot use a new chunk: " + why);
+      lock.unlock();
+      release_chunk(base);
+      return nullptr;
+    }
+    s.chunks.emplace(address(base), want);
+    s.pinned.store(s.pinned.load() + want);
+    raise_peak(s.peak_pinned, s.pinned.load());
+    ++s.num_chunks_pinned;
+
+    // The chunk was sized for this block and the lock was held since: it fits, unless the
+    // placement misjudged its needs; then refuse rather than pin on.
+    if (void* p = s.placer->place(size)) return placed(p);
+    ++s.num_refused;
+    message = s.refusal(bytes, "the " + std::string(s.placer->name()) +
+                                   " placement could not place it in a fresh chunk of " +
+                                   format_size(want));
+    return nullptr;
+  }
+}
+
+bool HostTier::free(void* p, std::string* error) {
+  if (error != nullptr) error->clear();
+  if (p == nullptr) return true;
+  State& s = *state_;
+  std::lock_guard lock(s.mu);
+  std::string why;
+  const std::optional<uint64_t> size = s.placer->release(p, &why);
+  if (!size) {
+    ++s.num_bad_frees;
+    if (error != nullptr) *error = "host tier: free of " + pointer_name(p) + " refused: " + why;
+    return false;
+  }
+  s.used.store(s.used.load() - *size);
+  ++s.num_frees;
+  return true;
+}
+
+uint64_t HostTier::trim() {
+  State& s = *state_;
+  std::vector<void*> released;
+  uint64_t bytes = 0;
+  {
+    std::lock_guard lock(s.mu);
+    released = s.placer->take_free_chunks();
+    for (void* base : released) {
+      auto c = s.chunks.find(address(base));
+      bytes += c->second;
+      s.chunks.erase(c);
+      ++s.num_chunks_released;
+    }
+    s.pinned.store(s.pinned.load() - bytes);
+  }
+  for (void* base : released) release_chunk(base);  // outside the lock: it synchronizes
+  return bytes;
+}
+
+uint64_t HostTier::used_bytes() const { return state_->used.load(std::memory_order_relaxed); }
+uint64_t HostTier::pinned_bytes() const { return state_->pinned.load(std::memory_order_relaxed); }
+uint64_t HostTier::peak_used_bytes() const {
+  return state_->peak_used.load(std::memory_order_relaxed);
+}
+
+double HostTier::fragmentation() const {
+  const State& s = *state_;
+  std::lock_guard lock(s.mu);
+  const uint64_t free_bytes = s.free_bytes();
+  if (free_bytes == 0) return 0.0;
+  const std::optional<uint64_t> largest = s.placer->largest_free_bytes();
+  if (!largest) return std::numeric_limits<double>::quiet_NaN();
+  return 1.0 - static_cast<double>(*largest) / static_cast<double>(free_bytes);
+}
+
+HostTierStats HostTier::stats() const {
+  const State& s = *state_;
+  std::lock_guard lock(s.mu);
+  HostTierStats st;
+  st.used_bytes = s.used.load();
+  st.peak_used_bytes = s.peak_used.load();
+  st.pinned_bytes = s.pinned.load();
+  st.peak_pinned_bytes = s.peak_pinned.load();
+  st.limit_bytes = s.limit;
+  st.chunk_bytes = s.chunk;
+  st.unusable_bytes = s.placer->unusable_bytes();
+  st.free_bytes = s.free_bytes();
+  st.largest_free_bytes = s.placer->largest_free_bytes().value_or(0);
+  st.num_chunks = s.chunks.size();
+  st.num_allocs = s.num_allocs;
+  st.num_frees = s.num_frees;
+  st.num_refused = s.num_refused;
+  st.num_bad_frees = s.num_bad_frees;
+  st.num_chunks_pinned = s.num_chunks_pinned;
+  st.num_chunks_released = s.num_chunks_released;
+  return st;
+}
+
+void HostTier::reset_peaks() {
+  State& s = *state_;
+  std::lock_guard lock(s.mu);
+  s.peak_used.store(s.used.load());
+  s.peak_pinned.store(s.pinned.load());
+}
+
+bool HostTier::owns(const void* p) const {
+  const State& s = *state_;
+  const uintptr_t a = address(p);
+  std::lock_guard lock(s.mu);
+  auto after = s.chunks.upper_bound(a);
+  if (after == s.chunks.begin()) return false;
+  const auto& [base, size] = *std::prev(after);
+  return a < base + size;
+}
+
+uint64_t HostTier::limit_bytes() const { return state_->limit; }
+uint64_t HostTier::chunk_bytes() const { return state_->chunk; }
+const char* HostTier::placement() const { return state_->placer->name(); }
+
+std::unique_ptr<HostTier::Placer> make_best_fit_placer() { return std::make_unique<BestFitPlacer>(); }
+
+// ---- The default limit ----
+
+std::optional<uint64_t> parse_cgroup_memory_limit(std::string_view text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
+  if (text.empty() || text.size() > 20) return std::nullopt;
+  uint64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;  // "max", or anything unexpected
+    const uint64_t digit = static_cast<uint64_t>(c - '0');
+    if (value > (std::numeric_limits<uint64_t>::max() - digit) / 10) return std::nullopt;
+    value = value * 10 + digit;
+  }
+  return value;
+}
+
+namespace {
+
+std::optional<uint64_t> read_cgroup_limit(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) return std::nullopt;
+  return parse_cgroup_memory_limit(line);
+}
+
+// This process's cgroup v2 directory ("0::/path" in /proc/self/cgroup), or "" when none.
+std::string cgroup_v2_path() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("0::", 0) == 0) return line.substr(3);
+  }
+  return "";
+}
+
+}  // namespace
+
+uint64_t host_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  uint64_t bytes = pages > 0 && page_size > 0 ? uint64_t(pages) * uint64_t(page_size) : 0;
+  std::vector<std::string> files = {"/sys/fs/cgroup/memory.max",
+                                    "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+  const std::string own = cgroup_v2_path();
+  if (!own.empty() && own != "/") files.insert(files.begin(), "/sys/fs/cgroup" + own + "/memory.max");
+  for (const std::string& f : files) {
+    if (auto limit = read_cgroup_limit(f); limit && *limit > 0 && (bytes == 0 || *limit < bytes)) {
+      bytes = *limit;
+    }
+  }
+  return bytes;
+}
+
+uint64_t default_host_limit_bytes(uint64_t memory_bytes) {
+  const uint64_t half = memory_bytes / 2;
+  const uint64_t rounded = half / kHostChunkGranularity * kHostChunkGranularity;
+  return rounded != 0 ? rounded : half;
+}
+
+}  // namespace vramswap::residency
