@@ -31,13 +31,66 @@ std::string one_line(std::string text) {
   return text;
 }
 
+// The calling thread's offload scope depth (Allocator::scope_push). A plain int: it has no
+// destructor, so it is safe in threads that outlive the library's teardown.
+thread_local int t_scope_depth = 0;
+
+// Settings that become the options of each device's pool and engine when they are created:
+// configure() refuses to change them afterwards (Note [The process-wide allocator]).
+constexpr std::string_view kFrozenKeys[] = {"VRAMSWAP_LIMIT", "VRAMSWAP_SOFT_LIMIT", "VRAMSWAP_HOST_LIMIT",
+                                            "VRAMSWAP_HORIZON", "VRAMSWAP_VERIFY"};
+
+std::string handle_text(uint64_t handle) {
+  char text[24];
+  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(handle));
+  return text;
+}
+
 void write_stats_at_exit() {
   // instance() is already constructed when this handler is registered.
   Allocator::instance().write_stats_file();
 }
 
+// One device's numbers, or their sum over devices.
+struct DeviceStats {
+  pool::PoolStats pool;
+  residency::EngineStats engine;
+
+  void add(const DeviceStats& d) {
+    pool.allocated_bytes += d.pool.allocated_bytes;
+    pool.reserved_bytes += d.pool.reserved_bytes;
+    pool.peak_allocated_bytes += d.pool.peak_allocated_bytes;
+    pool.peak_reserved_bytes += d.pool.peak_reserved_bytes;
+    pool.limit_bytes += d.pool.limit_bytes;
+    pool.num_allocs += d.pool.num_allocs;
+    pool.num_frees += d.pool.num_frees;
+    pool.num_cache_hits += d.pool.num_cache_hits;
+    pool.num_ooms += d.pool.num_ooms;
+    residency::EngineStats& e = engine;
+    const residency::EngineStats& o = d.engine;
+    e.resident_bytes += o.resident_bytes;
+    e.peak_resident_bytes += o.peak_resident_bytes;
+    e.tagged_bytes += o.tagged_bytes;
+    e.evictable_bytes += o.evictable_bytes;
+    e.evicted_bytes += o.evicted_bytes;
+    e.in_flight_bytes += o.in_flight_bytes;
+    e.host_bytes += o.host_bytes;
+    e.peak_host_bytes += o.peak_host_bytes;
+    e.bytes_evicted_total += o.bytes_evicted_total;
+    e.bytes_prefetched_total += o.bytes_prefetched_total;
+    e.num_evictions += o.num_evictions;
+    e.num_prefetches += o.num_prefetches;
+    e.num_faults += o.num_faults;
+    e.num_late_prefetches += o.num_late_prefetches;
+    e.num_verify_failures += o.num_verify_failures;
+    e.tagged_waste_bytes += o.tagged_waste_bytes;
+    e.num_tracked_blocks += o.num_tracked_blocks;
+  }
+};
+
 // The members shared by the totals and each device's object, in the documented order.
-void write_counters(stats::JsonWriter& json, const pool::PoolStats& s) {
+void write_counters(stats::JsonWriter& json, const DeviceStats& d) {
+  const pool::PoolStats& s = d.pool;
   json.field("allocated_bytes", s.allocated_bytes)
       .field("reserved_bytes", s.reserved_bytes)
       .field("peak_allocated_bytes", s.peak_allocated_bytes)
@@ -47,6 +100,24 @@ void write_counters(stats::JsonWriter& json, const pool::PoolStats& s) {
       .field("num_frees", s.num_frees)
       .field("num_cache_hits", s.num_cache_hits)
       .field("num_ooms", s.num_ooms);
+  const residency::EngineStats& e = d.engine;
+  json.field("resident_bytes", e.resident_bytes)
+      .field("peak_resident_bytes", e.peak_resident_bytes)
+      .field("tagged_bytes", e.tagged_bytes)
+      .field("evictable_bytes", e.evictable_bytes)
+      .field("evicted_bytes", e.evicted_bytes)
+      .field("in_flight_bytes", e.in_flight_bytes)
+      .field("host_bytes", e.host_bytes)
+      .field("peak_host_bytes", e.peak_host_bytes)
+      .field("bytes_evicted_total", e.bytes_evicted_total)
+      .field("bytes_prefetched_total", e.bytes_prefetched_total)
+      .field("num_evictions", e.num_evictions)
+      .field("num_prefetches", e.num_prefetches)
+      .field("num_faults", e.num_faults)
+      .field("num_late_prefetches", e.num_late_prefetches)
+      .field("num_verify_failures", e.num_verify_failures)
+      .field("tagged_waste_bytes", e.tagged_waste_bytes)
+      .field("num_tracked_blocks", e.num_tracked_blocks);
 }
 
 }  // namespace
@@ -60,6 +131,7 @@ Allocator& Allocator::instance() {
 Allocator::Allocator() {
   config::ParseResult parsed = config::from_environment();
   config_ = parsed.config;
+  min_offload_bytes_.store(config_.min_offload_bytes, std::memory_order_relaxed);
   stats::set_log_level(config_.log_level);
   for (const std::string& warning : parsed.warnings) log(LogLevel::kWarn, "%s", warning.c_str());
   environment_errors_ = parsed.errors;
@@ -72,13 +144,18 @@ std::optional<std::string> Allocator::configure(std::string_view key, std::strin
   std::lock_guard lock(mu_);
   config::Config next = config_;
   if (std::optional<std::string> error = config::apply(next, key, value)) return error;
-  if (any_pool_ && !(next.limit == config_.limit)) {
-    return "VRAMSWAP_LIMIT cannot change to '" + std::string(value) +
-           "' once vramswap has allocated: the device pools were created under VRAMSWAP_LIMIT=" +
-           config::size_or_percent_text(config_.limit) +
-           "; set it before the first allocation (in the environment or with vramswap_configure)";
+  if (any_pool_) {
+    for (std::string_view frozen : kFrozenKeys) {
+      const config::KeySpec& spec = *config::find_key(frozen);
+      if (spec.same(next, config_)) continue;
+      return std::string(frozen) + " cannot change to '" + std::string(value) +
+             "' once vramswap has allocated: the device pools and engines were created under " +
+             std::string(frozen) + "=" + spec.show(config_, spec) +
+             "; set it before the first allocation (in the environment or with vramswap_configure)";
+    }
   }
   config_ = std::move(next);
+  min_offload_bytes_.store(config_.min_offload_bytes, std::memory_order_relaxed);
   stats::set_log_level(config_.log_level);
   if (auto it = bad_environment_.find(key); it != bad_environment_.end()) {
     bad_environment_.erase(it);
@@ -108,10 +185,19 @@ pool::DevicePool* Allocator::pool_or_create(int device, AllocError* error) {
   if (pool::DevicePool* p = pool(device)) return p;  // another thread made it meanwhile
   uint64_t card_bytes = 0;
   uint64_t limit = 0;
+  residency::EngineOptions engine_options;
   try {
     card_bytes = cuda::device_info(device).total_bytes;
     limit = config_.resolve_limit(card_bytes);
     auto created = std::make_unique<pool::DevicePool>(pool::PoolOptions{device, limit});
+    engine_options.soft_limit_bytes = config_.resolve_soft_limit(limit);
+    engine_options.host_limit_bytes = config_.host_limit.value_or(0);
+    engine_options.horizon = static_cast<int>(config_.horizon);  // at most 1024 (the table's range)
+    engine_options.verify = config_.verify;
+    // The engine installs itself as the pool's reclaimer; both are leaked together (see the
+    // Note), the engine first so that whoever finds the pool finds its engine.
+    auto engine = std::make_unique<residency::Engine>(*created, engine_options);
+    engines_[device].store(engine.release(), std::memory_order_release);
     pools_[device].store(created.release(), std::memory_order_release);
   } catch (const cuda::CudaError& e) {
     const bool bad_ordinal = e.code() == CUDA_ERROR_INVALID_DEVICE || e.code() == cudaErrorInvalidDevice;
@@ -131,6 +217,10 @@ pool::DevicePool* Allocator::pool_or_create(int device, AllocError* error) {
   }
   log(LogLevel::kInfo, "device %d: pool created, limit %s of a %s card", device, format_size(limit).c_str(),
       format_size(card_bytes).c_str());
+  log(LogLevel::kInfo, "device %d: eviction engine created, soft limit %s, host limit %s, horizon %d, verify %s",
+      device, engine_options.soft_limit_bytes ? format_size(engine_options.soft_limit_bytes).c_str() : "none",
+      engine_options.host_limit_bytes ? format_size(engine_options.host_limit_bytes).c_str() : "the default",
+      engine_options.horizon, engine_options.verify ? "on" : "off");
   return pool(device);
 }
 
@@ -142,9 +232,18 @@ void* Allocator::allocate(size_t size, int device, cudaStream_t stream, AllocErr
   if (size == 0) return nullptr;
   pool::DevicePool* p = pool_or_create(device, error);
   if (!p) return nullptr;
+  const bool tagged = t_scope_depth > 0 && size >= min_offload_bytes_.load(std::memory_order_relaxed);
   void* ptr = nullptr;
   try {
-    ptr = p->allocate(size, stream, &error->message);
+    if (tagged) {
+      ptr = engine(device)->allocate_tagged(size, stream, &error->message);
+      if (ptr) num_live_tagged_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      ptr = p->allocate(size, stream, &error->message);
+      // An untagged request that found no room: say what offloading holds, too.
+      if (!ptr && !error->message.empty() && num_live_tagged_.load(std::memory_order_relaxed) > 0)
+        error->message += " " + engine(device)->pressure_report();
+    }
   } catch (const cuda::CudaError& e) {
     error->kind = e.out_of_memory() ? AllocError::Kind::kOutOfMemory : AllocError::Kind::kCuda;
     error->code = e.out_of_memory() ? cudaErrorMemoryAllocation : e.code();
@@ -160,8 +259,8 @@ void* Allocator::allocate(size_t size, int device, cudaStream_t stream, AllocErr
     return nullptr;
   }
   if (stats::log_enabled(LogLevel::kDebug))
-    log(LogLevel::kDebug, "malloc %zu bytes on device %d, stream %p -> %p", size, device,
-        static_cast<void*>(stream), ptr);
+    log(LogLevel::kDebug, "malloc %zu bytes on device %d, stream %p -> %p%s", size, device,
+        static_cast<void*>(stream), ptr, tagged ? " (tagged)" : "");
   return ptr;
 }
 
@@ -186,19 +285,86 @@ FreeOutcome Allocator::deallocate(void* ptr, int device_hint, cudaStream_t strea
     return FreeOutcome::kNotOwned;
   }
   if (owner_device) *owner_device = owner;
-  pool::Result r = pool(owner)->deallocate(ptr, stream);
+  // The count is read before the pointer can be one of the engine's: a tagged block is
+  // counted before allocate() returns it.
+  residency::Engine* e = engine(owner);
+  const bool tagged = num_live_tagged_.load(std::memory_order_relaxed) > 0 && e->is_tagged(ptr);
+  pool::Result r = tagged ? e->free_tagged(ptr, stream) : pool(owner)->deallocate(ptr, stream);
+  if (tagged && r.ok) num_live_tagged_.fetch_sub(1, std::memory_order_relaxed);
   if (!r.ok) {
+    // The engine refuses only a block freed by another thread since is_tagged(): say whose.
+    if (tagged) r.message = "free of tagged block " + handle_text(reinterpret_cast<uintptr_t>(ptr)) + ": " + r.message;
     *error = std::move(r.message);
     return FreeOutcome::kRefused;
   }
   if (stats::log_enabled(LogLevel::kDebug))
-    log(LogLevel::kDebug, "free %p on device %d, stream %p", ptr, owner, static_cast<void*>(stream));
+    log(LogLevel::kDebug, "free %p on device %d, stream %p%s", ptr, owner, static_cast<void*>(stream),
+        tagged ? " (tagged)" : "");
   return FreeOutcome::kFreed;
 }
 
 void Allocator::report_invalid_free(const std::string& message) {
   num_invalid_frees_.fetch_add(1, std::memory_order_relaxed);
   log(LogLevel::kWarn, "%s", message.c_str());
+}
+
+void Allocator::scope_push() { ++t_scope_depth; }
+
+bool Allocator::scope_pop() {
+  if (t_scope_depth == 0) return false;
+  --t_scope_depth;
+  return true;
+}
+
+int Allocator::scope_depth() { return t_scope_depth; }
+
+uint64_t Allocator::pack(const void* ptr, cudaStream_t stream) {
+  if (num_live_tagged_.load(std::memory_order_relaxed) == 0) return 0;
+  const int owner = owner_of(ptr);
+  return owner < 0 ? 0 : engine(owner)->pack(ptr, stream);
+}
+
+void Allocator::graph_begin() {
+  const int bound = device_bound_.load(std::memory_order_acquire);
+  for (int d = 0; d < bound; ++d)
+    if (residency::Engine* e = engine(d)) e->graph_begin();
+}
+
+residency::Engine* Allocator::engine_of_handle(uint64_t handle, const char* what, std::string* error) const {
+  if (handle == 0) {
+    *error = std::string(what) + ": handle 0 names no block (vramswap_pack returns 0 for a block that cannot be "
+                                 "offloaded)";
+    return nullptr;
+  }
+  const int device = residency::Engine::handle_device(handle);
+  if (residency::Engine* e = engine(device)) return e;
+  *error = std::string(what) + ": handle " + handle_text(handle) + " was not given out by vramswap (it names device " +
+           std::to_string(device) + ", where vramswap has allocated nothing)";
+  return nullptr;
+}
+
+residency::Status Allocator::mark_cold(uint64_t handle, cudaStream_t stream) {
+  std::string error;
+  residency::Engine* e = engine_of_handle(handle, "mark_cold", &error);
+  return e ? e->mark_cold(handle, stream) : residency::Status{false, error};
+}
+
+residency::Status Allocator::unpack(uint64_t handle, cudaStream_t stream) {
+  std::string error;
+  residency::Engine* e = engine_of_handle(handle, "unpack", &error);
+  return e ? e->unpack(handle, stream) : residency::Status{false, error};
+}
+
+residency::Status Allocator::release(uint64_t handle) {
+  std::string error;
+  residency::Engine* e = engine_of_handle(handle, "release", &error);
+  return e ? e->release(handle) : residency::Status{false, error};
+}
+
+residency::Status Allocator::prefetch(uint64_t handle) {
+  std::string error;
+  residency::Engine* e = engine_of_handle(handle, "prefetch", &error);
+  return e ? e->prefetch(handle) : residency::Status{false, error};
 }
 
 bool Allocator::record_stream(void* ptr, cudaStream_t stream, std::string* error) {
@@ -217,13 +383,20 @@ bool Allocator::record_stream(void* ptr, cudaStream_t stream, std::string* error
 void Allocator::empty_cache() {
   const int bound = device_bound_.load(std::memory_order_acquire);
   for (int d = 0; d < bound; ++d)
-    if (pool::DevicePool* p = pool(d)) p->empty_cache();
+    if (pool::DevicePool* p = pool(d)) {
+      p->empty_cache();
+      if (residency::Engine* e = engine(d)) e->trim_host();  // the device was just synchronized
+    }
 }
 
 void Allocator::reset_peaks() {
   const int bound = device_bound_.load(std::memory_order_acquire);
-  for (int d = 0; d < bound; ++d)
-    if (pool::DevicePool* p = pool(d)) p->reset_peaks();
+  for (int d = 0; d < bound; ++d) {
+    if (pool::DevicePool* p = pool(d)) {
+      p->reset_peaks();
+      engine(d)->reset_peaks();
+    }
+  }
 }
 
 Allocator::DeviceMemory Allocator::device_memory(int device, uint64_t card_bytes) const {
@@ -241,27 +414,17 @@ Allocator::DeviceMemory Allocator::device_memory(int device, uint64_t card_bytes
 }
 
 std::string Allocator::stats_json() const {
-  std::vector<pool::PoolStats> devices;
+  std::vector<DeviceStats> devices;
   std::vector<int> ordinals;
   const int bound = device_bound_.load(std::memory_order_acquire);
   for (int d = 0; d < bound; ++d) {
     if (pool::DevicePool* p = pool(d)) {
-      devices.push_back(p->stats());
+      devices.push_back({p->stats(), engine(d)->stats()});
       ordinals.push_back(d);
     }
   }
-  pool::PoolStats total;
-  for (const pool::PoolStats& s : devices) {
-    total.allocated_bytes += s.allocated_bytes;
-    total.reserved_bytes += s.reserved_bytes;
-    total.peak_allocated_bytes += s.peak_allocated_bytes;
-    total.peak_reserved_bytes += s.peak_reserved_bytes;
-    total.limit_bytes += s.limit_bytes;
-    total.num_allocs += s.num_allocs;
-    total.num_frees += s.num_frees;
-    total.num_cache_hits += s.num_cache_hits;
-    total.num_ooms += s.num_ooms;
-  }
+  DeviceStats total;
+  for (const DeviceStats& s : devices) total.add(s);
   stats::JsonWriter json;
   json.begin_object();
   write_counters(json, total);
@@ -270,8 +433,8 @@ std::string Allocator::stats_json() const {
   for (size_t i = 0; i < devices.size(); ++i) {
     json.begin_object().field("device", ordinals[i]);
     write_counters(json, devices[i]);
-    json.field("num_free_blocks", devices[i].num_free_blocks)
-        .field("va_reserved_bytes", devices[i].va_reserved_bytes)
+    json.field("num_free_blocks", devices[i].pool.num_free_blocks)
+        .field("va_reserved_bytes", devices[i].pool.va_reserved_bytes)
         .end_object();
   }
   json.end_array().end_object();

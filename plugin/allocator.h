@@ -10,11 +10,13 @@
 //
 // Configuration is read once, from the VRAMSWAP_* environment, when the Allocator is
 // created; configure() (vramswap_configure) changes it afterwards:
-//   - VRAMSWAP_LOG and VRAMSWAP_STATS_FILE take effect at once;
+//   - VRAMSWAP_LOG, VRAMSWAP_STATS_FILE and VRAMSWAP_MIN_OFFLOAD_BYTES take effect at once;
 //   - VRAMSWAP_LIMIT is resolved against each card when that device's pool is created (by
-//     the first allocation on it). Once any pool exists the limit is frozen: configure()
-//     refuses a different value (so every device runs under the one limit the user set) and
-//     accepts the same value as a no-op.
+//     the first allocation on it), and VRAMSWAP_SOFT_LIMIT (against that limit),
+//     VRAMSWAP_HOST_LIMIT, VRAMSWAP_HORIZON and VRAMSWAP_VERIFY become the options of the
+//     device's engine, created with the pool. Once any pool exists these are frozen:
+//     configure() refuses a different value (so every device runs under the settings the
+//     user set) and accepts the same value as a no-op.
 // A refused environment value (a typo in VRAMSWAP_LIMIT) must not be silently replaced by
 // the default: that would run uncapped a program the user meant to cap. The preload stops
 // the program (exit status 2) at load; through the C ABI every allocation fails with the
@@ -26,7 +28,23 @@
 // routed to the pool whose VA reservation holds the pointer (the device argument is only
 // a hint of where to look first).
 //
-// Statistics: the pools count; the Allocator adds up the devices and counts refused frees.
+// Engines: each pool has a residency::Engine (engine.h), created with it and published in
+// engines_ before the pool, so a thread that sees a pool sees its engine. Routing:
+//   - allocate(): while the calling thread has an offload scope open (scope_push, depth
+//     > 0) and the request is at least VRAMSWAP_MIN_OFFLOAD_BYTES, the engine places a
+//     tagged block (own pages, evictable once packed and cold); otherwise the pool serves
+//     it as before. The depth is per thread and per loaded library.
+//   - deallocate(): a tagged block goes back through the engine (free_tagged, correct in
+//     any residency state), every other block to the pool. The engine is asked only while
+//     tagged blocks are live (num_live_tagged_), so a program that never opens a scope
+//     frees with no lock but the pool's.
+//   - the tracker protocol (pack, mark_cold, unpack, release, prefetch) goes to the engine
+//     of the device that owns the pointer, or the device a handle names (its top byte).
+// Under pressure the pool calls its engine (the reclaimer) to evict cold blocks, for tagged
+// and untagged requests alike.
+//
+// Statistics: the pools and engines count; the Allocator adds up the devices and counts
+// refused frees.
 // The JSON document (stats_json) is what vramswap_stats_json returns and what is written
 // to VRAMSWAP_STATS_FILE at exit, by the process that used the allocator (a forked child,
 // or a process that merely loaded the preload and made no CUDA allocation, writes nothing,
@@ -48,6 +66,7 @@
 
 #include "config/config.h"
 #include "pool/device_pool.h"
+#include "residency/engine.h"
 
 namespace vramswap {
 
@@ -103,6 +122,30 @@ class Allocator {
   // Counts a free the caller refused (num_invalid_frees) and logs it at warn. Thread-safe.
   void report_invalid_free(const std::string& message);
 
+  // ---- The offload scope (vramswap_scope_push/pop) ----
+  // Opens a scope on the calling thread: until the matching scope_pop(), its allocations
+  // of at least VRAMSWAP_MIN_OFFLOAD_BYTES are tagged. Scopes nest. Thread-safe
+  // (thread-local).
+  static void scope_push();
+  // Closes the calling thread's innermost scope; false (nothing changes) when it has none.
+  // Thread-safe (thread-local).
+  static bool scope_pop();
+  // The calling thread's scope depth (0: not in a scope). Thread-safe (thread-local).
+  static int scope_depth();
+
+  // ---- The tracker protocol (residency::Engine, Note [Block states]) ----
+  // The handle of the tagged block holding `ptr`, or 0 when no live tagged block of any
+  // device does (an untagged block, a pointer vramswap did not hand out). Thread-safe.
+  uint64_t pack(const void* ptr, cudaStream_t stream);
+  // A new forward starts, on every device's engine. Thread-safe.
+  void graph_begin();
+  // The engine calls for a handle, routed by its device. A handle of 0, or one naming a
+  // device with no engine, is refused with a message naming the handle. Thread-safe.
+  residency::Status mark_cold(uint64_t handle, cudaStream_t stream);
+  residency::Status unpack(uint64_t handle, cudaStream_t stream);
+  residency::Status release(uint64_t handle);
+  residency::Status prefetch(uint64_t handle);
+
   // record_stream on the pool that owns `ptr`. False with *error set if none does or the
   // block is not live. Thread-safe.
   bool record_stream(void* ptr, cudaStream_t stream, std::string* error);
@@ -110,7 +153,8 @@ class Allocator {
   // The device whose pool's address range holds `ptr`, or -1. Thread-safe: lock-free.
   int owner_of(const void* ptr) const;
 
-  // empty_cache() / reset_peaks() on every pool. Thread-safe (each pool's lock in turn).
+  // empty_cache() on every pool; reset_peaks() on every pool and engine. Thread-safe (each
+  // pool's lock in turn).
   void empty_cache();
   void reset_peaks();
 
@@ -143,7 +187,12 @@ class Allocator {
   pool::DevicePool* pool(int device) const {
     return device >= 0 && device < kMaxDevices ? pools_[device].load(std::memory_order_acquire) : nullptr;
   }
+  residency::Engine* engine(int device) const {
+    return device >= 0 && device < kMaxDevices ? engines_[device].load(std::memory_order_acquire) : nullptr;
+  }
   pool::DevicePool* pool_or_create(int device, AllocError* error);
+  // The engine a handle names, or nullptr with *error set ("<what>: handle ... ").
+  residency::Engine* engine_of_handle(uint64_t handle, const char* what, std::string* error) const;
   // The AllocError for allocations refused while an environment value is wrong.
   void config_error(AllocError* error);
 
@@ -158,7 +207,14 @@ class Allocator {
   bool settings_logged_ = false;
 
   std::array<std::atomic<pool::DevicePool*>, kMaxDevices> pools_{};
+  std::array<std::atomic<residency::Engine*>, kMaxDevices> engines_{};  // set before pools_
   std::atomic<int> device_bound_{0};  // one past the highest ordinal with a pool
+
+  // VRAMSWAP_MIN_OFFLOAD_BYTES, read by every allocation in a scope (config_ holds it too).
+  std::atomic<uint64_t> min_offload_bytes_{0};
+  // Tagged blocks handed out and not yet freed, over all devices: while 0, a free does not
+  // ask the engine whether its block is tagged.
+  std::atomic<uint64_t> num_live_tagged_{0};
 
   std::atomic<uint64_t> num_invalid_frees_{0};
   std::atomic<bool> config_error_logged_{false};

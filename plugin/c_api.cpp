@@ -5,6 +5,7 @@
 // into both libvramswap.so and libvramswap_preload.so. The library is built with hidden
 // visibility; the pragma below makes exactly the header's functions visible, and the
 // version script (vramswap.map) names them again so the ABI is stated in one checked list.
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -44,6 +45,13 @@ T guarded(const char* function, T fallback, Body&& body) noexcept {
     set_internal_error(function, nullptr);
   }
   return fallback;
+}
+
+// 0, or -1 with the status's message as the last error.
+int reported(const vramswap::residency::Status& status) {
+  if (status.ok) return 0;
+  vramswap::set_last_error(status.message);
+  return -1;
 }
 
 Allocator& used_allocator() {
@@ -134,6 +142,52 @@ void vramswap_reset_peak_stats(void) noexcept {
     used_allocator().reset_peaks();
     return 0;
   });
+}
+
+void vramswap_scope_push(void) noexcept {
+  vramswap::clear_last_error();
+  Allocator::scope_push();
+}
+
+void vramswap_scope_pop(void) noexcept {
+  vramswap::clear_last_error();
+  if (!Allocator::scope_pop())
+    vramswap::set_last_error(
+        "vramswap_scope_pop: this thread has no offload scope open (a pop without its vramswap_scope_push)");
+}
+
+uint64_t vramswap_pack(const void* ptr, struct CUstream_st* stream) noexcept {
+  vramswap::clear_last_error();
+  if (!ptr) return 0;
+  return guarded<uint64_t>(__func__, 0, [&] { return used_allocator().pack(ptr, stream); });
+}
+
+void vramswap_graph_begin(void) noexcept {
+  vramswap::clear_last_error();
+  guarded<int>(__func__, 0, [] {
+    used_allocator().graph_begin();
+    return 0;
+  });
+}
+
+int vramswap_mark_cold(uint64_t handle, struct CUstream_st* stream) noexcept {
+  vramswap::clear_last_error();
+  return guarded<int>(__func__, -1, [&] { return reported(used_allocator().mark_cold(handle, stream)); });
+}
+
+int vramswap_unpack(uint64_t handle, struct CUstream_st* stream) noexcept {
+  vramswap::clear_last_error();
+  return guarded<int>(__func__, -1, [&] { return reported(used_allocator().unpack(handle, stream)); });
+}
+
+int vramswap_release(uint64_t handle) noexcept {
+  vramswap::clear_last_error();
+  return guarded<int>(__func__, -1, [&] { return reported(used_allocator().release(handle)); });
+}
+
+int vramswap_prefetch(uint64_t handle) noexcept {
+  vramswap::clear_last_error();
+  return guarded<int>(__func__, -1, [&] { return reported(used_allocator().prefetch(handle)); });
 }
 
 }  // extern "C"

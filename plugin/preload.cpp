@@ -29,6 +29,12 @@
 // A double free or an interior pointer of vramswap's is refused with cudaErrorInvalidValue,
 // a warning and vramswap_last_error(), like the C ABI.
 //
+// Offloading: this library exports the C ABI too, so a program (or a layer under it) that
+// finds vramswap_scope_push & co. in the process opens offload scopes on its threads; the
+// interposed cudaMalloc and cudaMallocAsync then give tagged blocks exactly as
+// vramswap_malloc does (Allocator::allocate routes both), and cudaFree/cudaFreeAsync of a
+// tagged block, evicted or not, goes back through the engine.
+//
 // Recursion: vramswap's own CUDA calls (src/cuda, src/pool) use the VMM driver API and
 // events, never these functions; should one ever reach an interposed function from inside
 // vramswap (t_inside is set), it goes straight to the real one, never back into the pool.

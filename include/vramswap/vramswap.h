@@ -23,11 +23,35 @@
  *
  * Streams are cudaStream_t; the declarations use `struct CUstream_st*`, which is what
  * cudaStream_t and CUstream are, so this header needs no CUDA header and mixes with them.
+ *
+ * Offloading (DESIGN.md, "Residency"). Allocations made while the calling thread has an
+ * offload scope open (vramswap_scope_push) and of at least VRAMSWAP_MIN_OFFLOAD_BYTES are
+ * *tagged*: placed on device pages of their own, so that they can be moved to pinned host
+ * memory and back without their address ever changing. A tracker (the torch package's
+ * saved-tensor hooks, or a program of its own) tells vramswap how tagged blocks are used,
+ * through opaque 64-bit handles:
+ *
+ *   forward:  h = vramswap_pack(ptr, s)     a tensor in the block was saved for backward
+ *             vramswap_mark_cold(h, s)      nothing but that saved slot can reach it now
+ *             ... when memory is short, cold blocks are evicted (copied to the host, their
+ *             pages unmapped) in the order backward will need them last ...
+ *   backward: vramswap_unpack(h, s)         backward needs it: valid for work on s from now
+ *             vramswap_release(h)           backward is done with it
+ *             vramswap_free(ptr, ...)       (when the program frees the block, as usual)
+ *
+ * Backward is assumed to need blocks in reverse order of packing within a forward, and
+ * forwards oldest first (vramswap_graph_begin marks where each forward starts); that order
+ * chooses what is evicted (the block needed furthest in the future) and what is prefetched
+ * (the next VRAMSWAP_HORIZON blocks after each unpack). A handle carries a generation: once
+ * its block is released or freed, the handle is stale and every call with it is refused
+ * with a message; it never names another block. Handles and blocks of different devices
+ * never mix (each device has its own engine; a handle names its device).
  */
 #ifndef VRAMSWAP_VRAMSWAP_H_
 #define VRAMSWAP_VRAMSWAP_H_
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 #define VRAMSWAP_NOEXCEPT noexcept
@@ -69,10 +93,12 @@ void vramswap_empty_cache(void) VRAMSWAP_NOEXCEPT;
  * environment (e.g. vramswap_configure("VRAMSWAP_LIMIT", "16GiB")). Returns 0 on success;
  * -1 with the last error set (naming the key, the value and the accepted form, or the
  * closest known key for an unknown one) and nothing changed otherwise.
- * When it takes effect: VRAMSWAP_LOG and VRAMSWAP_STATS_FILE at once. VRAMSWAP_LIMIT
- * applies to the pool of each device, which is created by the first allocation on that
- * device: once any pool exists it can no longer change (setting the value it already has
- * succeeds; any other value is refused with -1), so set it before the first allocation.
+ * When it takes effect: VRAMSWAP_LOG, VRAMSWAP_STATS_FILE and VRAMSWAP_MIN_OFFLOAD_BYTES
+ * at once. VRAMSWAP_LIMIT, VRAMSWAP_SOFT_LIMIT, VRAMSWAP_HOST_LIMIT, VRAMSWAP_HORIZON and
+ * VRAMSWAP_VERIFY apply to the pool and eviction engine of each device, which are created
+ * by the first allocation on that device: once any pool exists they can no longer change
+ * (setting the value in force succeeds; any other value is refused with -1), so set them
+ * before the first allocation.
  * Setting a key to a valid value also clears an invalid environment value of that key.
  * Thread-safe. */
 int vramswap_configure(const char* key, const char* value) VRAMSWAP_NOEXCEPT;
@@ -89,16 +115,97 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * returns 0 and sets the last error.
  * Keys, in this order: allocated_bytes, reserved_bytes, peak_allocated_bytes,
  * peak_reserved_bytes, device_limit_bytes, num_allocs, num_frees, num_cache_hits,
- * num_ooms (totals over devices; the peaks are sums of each device's peak), then
+ * num_ooms; then the eviction engine's: resident_bytes (mapped device memory),
+ * peak_resident_bytes, tagged_bytes (live tagged blocks, whole pages), evictable_bytes
+ * (cold and resident), evicted_bytes (on the host now), in_flight_bytes (being copied
+ * either way), host_bytes (pinned host memory in use), peak_host_bytes,
+ * bytes_evicted_total, bytes_prefetched_total, num_evictions, num_prefetches, num_faults
+ * (unpack found the block on the host with no copy under way), num_late_prefetches (unpack
+ * found its copy still in flight), num_verify_failures (VRAMSWAP_VERIFY), tagged_waste_bytes
+ * (page rounding of tagged blocks), num_tracked_blocks (blocks with a live handle). These
+ * are totals over devices (the peaks are sums of each device's peak). Then
  * num_invalid_frees (frees vramswap refused), then "devices": an array with one object per
- * device that has a pool ({"device": ordinal, the same nine keys, num_free_blocks,
+ * device that has a pool ({"device": ordinal, the same 26 keys, num_free_blocks,
  * va_reserved_bytes}). Thread-safe; a reading taken during allocations on other threads
  * is consistent per device, not across devices. */
 size_t vramswap_stats_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;
 
-/* Resets every device's peak_allocated_bytes and peak_reserved_bytes to their current
- * values (torch.cuda.reset_peak_memory_stats). Thread-safe. */
+/* Resets every device's peaks (peak_allocated_bytes, peak_reserved_bytes,
+ * peak_resident_bytes, peak_host_bytes) to their current values
+ * (torch.cuda.reset_peak_memory_stats). Thread-safe. */
 void vramswap_reset_peak_stats(void) VRAMSWAP_NOEXCEPT;
+
+/* ---- Offloading: the scope and the tracker protocol (see "Offloading" above) ---- */
+
+/* Opens an offload scope on the calling thread: until the matching vramswap_scope_pop(),
+ * every allocation this thread makes through vramswap (vramswap_malloc, or cudaMalloc and
+ * cudaMallocAsync under libvramswap_preload.so) of at least VRAMSWAP_MIN_OFFLOAD_BYTES is
+ * tagged. Scopes nest: allocations are tagged while at least one is open. Smaller
+ * allocations, and those of other threads, are untouched. Never fails. Thread-safe: the
+ * scope belongs to the calling thread (and to this library: libvramswap.so and
+ * libvramswap_preload.so loaded in one process keep separate scopes). */
+void vramswap_scope_push(void) VRAMSWAP_NOEXCEPT;
+
+/* Closes the calling thread's innermost offload scope. Blocks tagged inside it stay tagged
+ * until they are freed. A pop with no scope open changes nothing and sets the last error
+ * (a push/pop mismatch in the caller). Thread-safe (per thread, as vramswap_scope_push). */
+void vramswap_scope_pop(void) VRAMSWAP_NOEXCEPT;
+
+/* The handle of the tagged block that holds `ptr` (any address inside it), recording that
+ * it was saved now: within the current forward, blocks packed later are assumed needed
+ * earlier by backward. Packing a block again returns the same handle and counts one more
+ * reference (each needs its own vramswap_release). Returns 0, with the last error "", when
+ * the memory cannot be offloaded: an untagged block (allocated outside a scope, or smaller
+ * than VRAMSWAP_MIN_OFFLOAD_BYTES), memory vramswap did not hand out, or NULL. `stream` is
+ * the stream the saving work runs on. The tracker calls it from autograd's pack hook, for
+ * every tensor saved for backward. Thread-safe. */
+uint64_t vramswap_pack(const void* ptr, struct CUstream_st* stream) VRAMSWAP_NOEXCEPT;
+
+/* A new forward starts, on every device: blocks packed from now on are needed by backward
+ * after those of the earlier forwards (gradient accumulation and pipeline microbatches run
+ * several forwards before their backwards, oldest backward first). The torch tracker calls
+ * it when a forward starts, which it recognises as the first pack after a backward
+ * finished or after the offload scope was opened. Calling it with nothing packed since the
+ * last call is harmless. Never fails. Thread-safe. */
+void vramswap_graph_begin(void) VRAMSWAP_NOEXCEPT;
+
+/* Nothing but the saved slot of handle `h` can reach its block any more (the tracker sees
+ * that torch's storage is held only by its own saved references): the block may be evicted
+ * when memory is short. The point of no use is recorded on `stream` now, so every piece of
+ * work queued on `stream` before this call (the last kernels that read the block) completes
+ * before the block is copied out; work on other streams must be ordered before this point
+ * by the caller. Returns 0; or -1 with the last error for a handle that is 0, stale
+ * (released or freed), or not vramswap's, each named in the message. Thread-safe. */
+int vramswap_mark_cold(uint64_t h, struct CUstream_st* stream) VRAMSWAP_NOEXCEPT;
+
+/* Backward needs the block of handle `h`: its contents are valid for all work queued on
+ * `stream` after this call, at its original address. If the block was evicted it is
+ * fetched now (counted in num_faults); if its prefetch is still in flight `stream` waits
+ * for it on the device (num_late_prefetches); the host thread blocks only when other
+ * blocks must be evicted first to make room. Then the next VRAMSWAP_HORIZON blocks in
+ * predicted order are prefetched on a copy stream. The block is not evicted again until it
+ * is marked cold again. The tracker calls it from autograd's unpack hook. Returns 0; or -1
+ * with the last error for a bad handle (as vramswap_mark_cold), or when the block cannot
+ * be brought back: no device memory even after evicting every other cold block, or a
+ * stream is capturing a CUDA graph (nothing is copied during capture). Thread-safe. */
+int vramswap_unpack(uint64_t h, struct CUstream_st* stream) VRAMSWAP_NOEXCEPT;
+
+/* Drops one reference the handle holds (one vramswap_pack). When the last is dropped the
+ * block becomes an ordinary (still tagged) block again and every call with `h` is refused
+ * from then on; a block released without being unpacked is first brought back to the device
+ * (the host thread waits for the copy), so nothing is lost. The tracker calls it when
+ * autograd frees the saved tensor (after backward used it, or with a graph that is never
+ * run backward). Returns 0; or -1 with the last error for a bad handle, or when an evicted
+ * block cannot be brought back. Thread-safe. */
+int vramswap_release(uint64_t h) VRAMSWAP_NOEXCEPT;
+
+/* A hint: the block of handle `h` will be needed soon, so start copying it back to the
+ * device now if it was evicted (without waiting for the copy; a resident block is left as
+ * it is). It is not an unpack: the block still needs vramswap_unpack() before use. Returns
+ * 0; or -1 with the last error for a bad handle, when there is no device memory to map it
+ * into without evicting (prefetch never evicts to make room), or during graph capture.
+ * Thread-safe. */
+int vramswap_prefetch(uint64_t h) VRAMSWAP_NOEXCEPT;
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -32,6 +32,8 @@ struct Binding {
   static_assert(kType != KeyType::kBool || std::is_same_v<Field, bool>, "a bool row needs a bool field");
   static_assert(kType != KeyType::kEnum || std::is_enum_v<Field>, "an enum row needs an enum field");
   static_assert(kType != KeyType::kPath || std::is_same_v<Field, std::string>, "a path row needs a std::string field");
+  static_assert(kType != KeyType::kOptionalSize || std::is_same_v<Field, std::optional<uint64_t>>,
+                "an optional size row needs a std::optional<uint64_t> field");
 
   static auto parse_value(const KeySpec& spec, std::string_view text) {
     if constexpr (kType == KeyType::kSize) return parse_size_value(text, spec.range);
@@ -39,6 +41,7 @@ struct Binding {
     else if constexpr (kType == KeyType::kSizeOrPercent) return parse_size_or_percent(text);
     else if constexpr (kType == KeyType::kBool) return parse_bool(text);
     else if constexpr (kType == KeyType::kEnum) return parse_enum(text, spec.range);
+    else if constexpr (kType == KeyType::kOptionalSize) return parse_optional_size(text, spec.range);
     else return parse_path(text);
   }
 
@@ -60,6 +63,7 @@ struct Binding {
     else if constexpr (kType == KeyType::kSizeOrPercent) return size_or_percent_text(v);
     else if constexpr (kType == KeyType::kBool) return v ? "1" : "0";
     else if constexpr (kType == KeyType::kEnum) return std::string(enum_word(spec.range, static_cast<size_t>(v)));
+    else if constexpr (kType == KeyType::kOptionalSize) return optional_size_text(v);
     else return v;
   }
 
@@ -80,6 +84,27 @@ constexpr KeySpec kKeys[] = {
         "VRAMSWAP_LIMIT", "0", "the card",
         "Device memory vramswap may use on each GPU: the card behaves as if it had only this much. "
         "0 or unset: the whole card; more than the card: the whole card."),
+    key<KeyType::kSizeOrPercent, &Config::soft_limit>(
+        "VRAMSWAP_SOFT_LIMIT", "90%", "the limit",
+        "Resident device memory above which cold blocks are evicted to host memory in the background, "
+        "ahead of need. 100%, 0 or at least the limit: no background eviction, cold blocks are evicted only "
+        "when an allocation would pass VRAMSWAP_LIMIT."),
+    key<KeyType::kOptionalSize, &Config::host_limit>(
+        "VRAMSWAP_HOST_LIMIT", "", "2MiB..",
+        "Pinned host memory that each device's eviction tier may hold; when it is full, eviction stops and "
+        "allocations past the limit fail. Unset: half of the host's memory (or of the cgroup's limit)."),
+    key<KeyType::kSize, &Config::min_offload_bytes>(
+        "VRAMSWAP_MIN_OFFLOAD_BYTES", "1MiB", "",
+        "Allocations at least this large made inside an offload scope are tagged (placed on their own pages "
+        "so that they can be evicted); smaller ones stay in the ordinary pool."),
+    key<KeyType::kCount, &Config::horizon>(
+        "VRAMSWAP_HORIZON", "4", "0..1024",
+        "How many of the blocks backward needs next are prefetched ahead of it and kept from eviction; 0: no "
+        "prefetch, an evicted block is fetched when it is unpacked."),
+    key<KeyType::kBool, &Config::verify>(
+        "VRAMSWAP_VERIFY", "0", "",
+        "Checksum each block when it is evicted and check it when it is restored; a mismatch is an error "
+        "naming the block. Costs a host pass over every copy."),
     key<KeyType::kEnum, &Config::log_level>(
         "VRAMSWAP_LOG", "warn", "off|error|warn|info|debug",
         "What vramswap writes to stderr; info also prints the effective settings at startup."),
@@ -163,6 +188,13 @@ Config::Config() {
 uint64_t Config::resolve_limit(uint64_t card_bytes) const {
   if (limit.kind == SizeOrPercent::Kind::kBytes && limit.bytes == 0) return card_bytes;
   return std::min(limit.of(card_bytes), card_bytes);
+}
+
+uint64_t Config::resolve_soft_limit(uint64_t limit_bytes) const {
+  if (soft_limit.kind == SizeOrPercent::Kind::kBytes && soft_limit.bytes == 0) return 0;
+  const uint64_t soft = soft_limit.of(limit_bytes);
+  if (soft >= limit_bytes) return 0;
+  return std::max<uint64_t>(soft, 1);
 }
 
 std::span<const KeySpec> keys() { return kKeys; }

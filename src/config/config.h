@@ -32,14 +32,26 @@ struct Config {
   // The table's defaults. Thread-safe.
   Config();
 
-  SizeOrPercent limit;     // VRAMSWAP_LIMIT; 0 bytes = the whole card
-  LogLevel log_level{};    // VRAMSWAP_LOG
-  std::string stats_file;  // VRAMSWAP_STATS_FILE; "" = none
+  SizeOrPercent limit;                 // VRAMSWAP_LIMIT; 0 bytes = the whole card
+  SizeOrPercent soft_limit;            // VRAMSWAP_SOFT_LIMIT; of the limit; 0 bytes = none
+  std::optional<uint64_t> host_limit;  // VRAMSWAP_HOST_LIMIT; unset = the host tier's default
+  uint64_t min_offload_bytes{};        // VRAMSWAP_MIN_OFFLOAD_BYTES
+  uint64_t horizon{};                  // VRAMSWAP_HORIZON
+  bool verify{};                       // VRAMSWAP_VERIFY
+  LogLevel log_level{};                // VRAMSWAP_LOG
+  std::string stats_file;              // VRAMSWAP_STATS_FILE; "" = none
 
   // The device memory vramswap may use on a card of `card_bytes`: the whole card when the
   // limit is 0, a percentage of it rounded down, or the byte limit capped at the card
   // (a limit cannot add memory). Thread-safe: pure.
   uint64_t resolve_limit(uint64_t card_bytes) const;
+
+  // The soft watermark for a device whose resolved limit is `limit_bytes`, as
+  // residency::EngineOptions::soft_limit_bytes takes it: 0 (no soft eviction) when the
+  // soft limit is 0 bytes or reaches the limit (100%, or a size at or above it); otherwise
+  // a percentage of the limit rounded down (at least 1 byte) or the byte value.
+  // Thread-safe: pure.
+  uint64_t resolve_soft_limit(uint64_t limit_bytes) const;
 
   bool operator==(const Config&) const = default;
 };

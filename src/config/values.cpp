@@ -162,6 +162,19 @@ Parsed<uint64_t> parse_size_value(std::string_view text, std::string_view range)
   return out;
 }
 
+Parsed<std::optional<uint64_t>> parse_optional_size(std::string_view text, std::string_view range) {
+  Parsed<std::optional<uint64_t>> out;
+  if (text.empty()) {
+    if (size_bounds(range)) out.value.emplace();  // set, to "unset"
+    else out.reason = kMalformedRange;
+    return out;
+  }
+  Parsed<uint64_t> size = parse_size_value(text, range);
+  if (size.value) out.value.emplace(*size.value);
+  else out.reason = std::move(size.reason);
+  return out;
+}
+
 Parsed<SizeOrPercent> parse_size_or_percent(std::string_view text) {
   if (!text.empty() && text.back() == '%') return parse_percent(text.substr(0, text.size() - 1));
   Parsed<SizeOrPercent> out;
@@ -237,6 +250,8 @@ std::string accepted_form(KeyType type, std::string_view range) {
       if (std::optional<Bounds> b = size_bounds(range)) s += bounds_phrase(*b, size_text);
       return s;
     }
+    case KeyType::kOptionalSize:
+      return accepted_form(KeyType::kSize, range) + " (empty: the default)";
     case KeyType::kSizeOrPercent:
       return "a size such as 8GiB, 512MiB, 1073741824 or a percentage of " + std::string(range) +
              " such as 80%";
@@ -270,6 +285,8 @@ std::string size_text(uint64_t bytes) {
       if (bytes % (uint64_t{1} << shift) == 0) return std::to_string(bytes >> shift) + std::string(unit);
   return std::to_string(bytes);
 }
+
+std::string optional_size_text(const std::optional<uint64_t>& bytes) { return bytes ? size_text(*bytes) : ""; }
 
 std::string size_or_percent_text(const SizeOrPercent& value) {
   if (value.kind == SizeOrPercent::Kind::kBytes) return size_text(value.bytes);

@@ -22,9 +22,12 @@ namespace vramswap::config {
 //   kEnum           the accepted words "a|b|c", in the order of the C++ enum's values
 //   kPath           unused
 //   kCount          "lo..hi" in integers (either side may be empty), or "" for any
-enum class KeyType { kSize, kSizeOrPercent, kBool, kEnum, kPath, kCount };
+//   kOptionalSize   as kSize; the value may also be empty, which leaves it unset (the
+//                   consumer's own default applies)
+enum class KeyType { kSize, kSizeOrPercent, kBool, kEnum, kPath, kCount, kOptionalSize };
 
-// A size in bytes or a share of some whole (the card, for VRAMSWAP_LIMIT).
+// A size in bytes or a share of some whole (the card, for VRAMSWAP_LIMIT; the limit, for
+// VRAMSWAP_SOFT_LIMIT).
 struct SizeOrPercent {
   enum class Kind { kBytes, kPercent };
   static constexpr uint32_t kWholeBasisPoints = 10000;  // 100%
@@ -48,6 +51,9 @@ struct Parsed {
 
 // A size (units.h) within `range` ("lo..hi" in sizes, or ""). Thread-safe: pure.
 Parsed<uint64_t> parse_size_value(std::string_view text, std::string_view range);
+
+// "" (unset: nullopt) or a size within `range`, as parse_size_value(). Thread-safe: pure.
+Parsed<std::optional<uint64_t>> parse_optional_size(std::string_view text, std::string_view range);
 
 // A size (units.h) or a percentage "<number>[.<digits>][ ]%" from 0.01% to 100%; further
 // decimals are rounded down, and a non-zero text that rounds down to nothing (0.001%,
@@ -77,8 +83,9 @@ Parsed<uint64_t> parse_count(std::string_view text, std::string_view range);
 std::string accepted_form(KeyType type, std::string_view range);
 
 // How a value is written back so that its parser gives the same value: "16GiB", "80%",
-// "12.5%", "1073741825". Thread-safe: pure.
+// "12.5%", "1073741825", "" (an unset optional size). Thread-safe: pure.
 std::string size_text(uint64_t bytes);
 std::string size_or_percent_text(const SizeOrPercent& value);
+std::string optional_size_text(const std::optional<uint64_t>& bytes);
 
 }  // namespace vramswap::config

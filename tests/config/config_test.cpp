@@ -9,6 +9,11 @@
 //   - A non-zero value that rounds down to nothing ("0.5B", "0.001%") is an error, not 0.
 //   - VRAMSWAP_STATS_FILE= (empty) means no file, so vramswap_configure can switch it off.
 //   - An empty VRAMSWAP_LIMIT or VRAMSWAP_LOG is an error (not "unset").
+//   - VRAMSWAP_SOFT_LIMIT is a share of the resolved limit; 0, 100% or a size at or above
+//     the limit all mean "no soft eviction" (resolve_soft_limit() gives 0).
+//   - VRAMSWAP_HOST_LIMIT= (empty) is unset: the host tier's own default. Below 2MiB (0
+//     included) is an error, so that 0 can never be read as "the default" by accident.
+//   - VRAMSWAP_MIN_OFFLOAD_BYTES=0 is allowed: every allocation made in a scope is tagged.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -30,6 +35,11 @@ constexpr uint64_t kGiB = uint64_t{1} << 30;
 constexpr uint64_t kTiB = uint64_t{1} << 40;
 constexpr uint64_t kCard = 80 * kGiB;
 
+// Every key of the table, in its order: the list an unknown key's warning ends with.
+constexpr const char* kKnownKeys =
+    "VRAMSWAP_LIMIT, VRAMSWAP_SOFT_LIMIT, VRAMSWAP_HOST_LIMIT, VRAMSWAP_MIN_OFFLOAD_BYTES, VRAMSWAP_HORIZON, "
+    "VRAMSWAP_VERIFY, VRAMSWAP_LOG, VRAMSWAP_STATS_FILE";
+
 constexpr const char* kLimitForm =
     "expected a size such as 8GiB, 512MiB, 1073741824 or a percentage of the card such as 80%";
 
@@ -47,7 +57,9 @@ std::vector<std::string> lines(const std::string& text) {
 TEST(Table, HasTheKeysOfThisReleaseAndNoOthers) {
   std::vector<std::string> names;
   for (const KeySpec& spec : keys()) names.emplace_back(spec.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"VRAMSWAP_LIMIT", "VRAMSWAP_LOG", "VRAMSWAP_STATS_FILE"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"VRAMSWAP_LIMIT", "VRAMSWAP_SOFT_LIMIT", "VRAMSWAP_HOST_LIMIT",
+                                              "VRAMSWAP_MIN_OFFLOAD_BYTES", "VRAMSWAP_HORIZON", "VRAMSWAP_VERIFY",
+                                              "VRAMSWAP_LOG", "VRAMSWAP_STATS_FILE"}));
 }
 
 TEST(Table, RowsAreWellFormed) {
@@ -83,6 +95,13 @@ TEST(Table, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c.resolve_limit(kCard), kCard);
   EXPECT_EQ(c.log_level, LogLevel::kWarn);
   EXPECT_EQ(c.stats_file, "");
+  EXPECT_EQ(c.soft_limit.kind, SizeOrPercent::Kind::kPercent);
+  EXPECT_EQ(c.soft_limit.basis_points, 9000u);
+  EXPECT_EQ(c.resolve_soft_limit(100 * kMiB), 90 * kMiB);
+  EXPECT_EQ(c.host_limit, std::nullopt);
+  EXPECT_EQ(c.min_offload_bytes, kMiB);
+  EXPECT_EQ(c.horizon, 4u);
+  EXPECT_FALSE(c.verify);
 }
 
 // --- parse(): valid values ---
@@ -132,6 +151,113 @@ TEST(ResolveLimit, PercentagesRoundDownAndNeverExceedTheCard) {
   EXPECT_EQ(c.resolve_limit(4 * kGiB), 4 * kGiB);
   EXPECT_EQ(c.resolve_limit(16 * kGiB), 8 * kGiB);
 }
+
+struct SoftLimitCase {
+  const char* text;
+  uint64_t limit;     // the device's resolved limit
+  uint64_t resolved;  // resolve_soft_limit(limit); 0 = no soft eviction
+};
+
+void PrintTo(const SoftLimitCase& c, std::ostream* os) { *os << '"' << c.text << "\" of " << c.limit; }
+
+class ValidSoftLimit : public testing::TestWithParam<SoftLimitCase> {};
+
+TEST_P(ValidSoftLimit, ResolvesAgainstTheLimit) {
+  ParseResult r = parse_one("VRAMSWAP_SOFT_LIMIT", GetParam().text);
+  ASSERT_TRUE(r.ok()) << r.errors.front();
+  EXPECT_TRUE(r.warnings.empty());
+  EXPECT_EQ(r.config.resolve_soft_limit(GetParam().limit), GetParam().resolved);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ShareOfTheLimit, ValidSoftLimit,
+    testing::Values(SoftLimitCase{"90%", 100 * kMiB, 90 * kMiB}, SoftLimitCase{"90%", 64 * kMiB, 60397977},
+                    SoftLimitCase{"50 %", 64 * kMiB, 32 * kMiB}, SoftLimitCase{"12.5%", kCard, 10 * kGiB},
+                    SoftLimitCase{"99.99%", 10000, 9999}));
+INSTANTIATE_TEST_SUITE_P(Sizes, ValidSoftLimit,
+                         testing::Values(SoftLimitCase{"32MiB", 64 * kMiB, 32 * kMiB},
+                                         SoftLimitCase{"1", 64 * kMiB, 1},
+                                         SoftLimitCase{"64MiB", 64 * kMiB + 1, 64 * kMiB}));
+// 100%, 0, and a size at or above the limit: eviction only at the hard limit.
+INSTANTIATE_TEST_SUITE_P(NoSoftEviction, ValidSoftLimit,
+                         testing::Values(SoftLimitCase{"100%", 64 * kMiB, 0}, SoftLimitCase{"0", 64 * kMiB, 0},
+                                         SoftLimitCase{"0MiB", 64 * kMiB, 0}, SoftLimitCase{"64MiB", 64 * kMiB, 0},
+                                         SoftLimitCase{"1TiB", 64 * kMiB, 0}, SoftLimitCase{"90%", 0, 0}));
+// A percentage of a tiny limit that rounds down to nothing is still a soft limit (1 byte),
+// never "none".
+INSTANTIATE_TEST_SUITE_P(TinyLimit, ValidSoftLimit, testing::Values(SoftLimitCase{"0.01%", 9999, 1}));
+
+struct SizeCase {
+  const char* key;
+  const char* text;
+  uint64_t bytes;
+};
+
+void PrintTo(const SizeCase& c, std::ostream* os) { *os << c.key << "='" << c.text << "'"; }
+
+class ValidSize : public testing::TestWithParam<SizeCase> {};
+
+TEST_P(ValidSize, IsAccepted) {
+  const SizeCase& c = GetParam();
+  ParseResult r = parse_one(c.key, c.text);
+  ASSERT_TRUE(r.ok()) << r.errors.front();
+  if (std::string(c.key) == "VRAMSWAP_HOST_LIMIT")
+    EXPECT_EQ(r.config.host_limit, std::optional<uint64_t>(c.bytes));
+  else
+    EXPECT_EQ(r.config.min_offload_bytes, c.bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    MinOffloadBytes, ValidSize,
+    testing::Values(SizeCase{"VRAMSWAP_MIN_OFFLOAD_BYTES", "1MiB", kMiB},
+                    SizeCase{"VRAMSWAP_MIN_OFFLOAD_BYTES", "512 KiB", 512 * 1024},
+                    SizeCase{"VRAMSWAP_MIN_OFFLOAD_BYTES", "4096", 4096},
+                    SizeCase{"VRAMSWAP_MIN_OFFLOAD_BYTES", "0", 0},
+                    SizeCase{"VRAMSWAP_MIN_OFFLOAD_BYTES", "1TiB", uint64_t{1} << 40}));
+INSTANTIATE_TEST_SUITE_P(HostLimit, ValidSize,
+                         testing::Values(SizeCase{"VRAMSWAP_HOST_LIMIT", "8GiB", 8 * kGiB},
+                                         SizeCase{"VRAMSWAP_HOST_LIMIT", "2MiB", 2 * kMiB},
+                                         SizeCase{"VRAMSWAP_HOST_LIMIT", "2097152", 2 * kMiB},
+                                         SizeCase{"VRAMSWAP_HOST_LIMIT", "1.5 TiB", 3 * (uint64_t{1} << 39)}));
+
+TEST(HostLimit, EmptyIsUnsetAndAppliesTheHostTiersDefault) {
+  ParseResult r = parse_one("VRAMSWAP_HOST_LIMIT", "");
+  ASSERT_TRUE(r.ok()) << r.errors.front();
+  EXPECT_EQ(r.config.host_limit, std::nullopt);
+  EXPECT_EQ(r.config, Config());
+  // vramswap_configure can set it and unset it again.
+  Config c;
+  ASSERT_EQ(apply(c, "VRAMSWAP_HOST_LIMIT", "16GiB"), std::nullopt);
+  EXPECT_EQ(c.host_limit, std::optional<uint64_t>(16 * kGiB));
+  ASSERT_EQ(apply(c, "VRAMSWAP_HOST_LIMIT", ""), std::nullopt);
+  EXPECT_EQ(c.host_limit, std::nullopt);
+}
+
+class ValidHorizon : public testing::TestWithParam<std::pair<const char*, uint64_t>> {};
+
+TEST_P(ValidHorizon, IsAccepted) {
+  ParseResult r = parse_one("VRAMSWAP_HORIZON", GetParam().first);
+  ASSERT_TRUE(r.ok()) << r.errors.front();
+  EXPECT_EQ(r.config.horizon, GetParam().second);
+}
+
+INSTANTIATE_TEST_SUITE_P(ZeroTo1024, ValidHorizon,
+                         testing::Values(std::pair{"0", uint64_t{0}}, std::pair{"1", uint64_t{1}},
+                                         std::pair{"4", uint64_t{4}}, std::pair{"1024", uint64_t{1024}},
+                                         std::pair{"0004", uint64_t{4}}));
+
+class ValidVerify : public testing::TestWithParam<std::pair<const char*, bool>> {};
+
+TEST_P(ValidVerify, IsAccepted) {
+  ParseResult r = parse_one("VRAMSWAP_VERIFY", GetParam().first);
+  ASSERT_TRUE(r.ok()) << r.errors.front();
+  EXPECT_EQ(r.config.verify, GetParam().second);
+}
+
+INSTANTIATE_TEST_SUITE_P(Words, ValidVerify,
+                         testing::Values(std::pair{"1", true}, std::pair{"0", false}, std::pair{"true", true},
+                                         std::pair{"FALSE", false}, std::pair{"yes", true}, std::pair{"no", false},
+                                         std::pair{"On", true}, std::pair{"off", false}));
 
 class ValidLogLevel : public testing::TestWithParam<std::pair<const char*, LogLevel>> {};
 
@@ -264,6 +390,82 @@ INSTANTIATE_TEST_SUITE_P(
         InvalidCase{"VRAMSWAP_LOG", "warn ",
                     "VRAMSWAP_LOG='warn ' is not valid: expected one of off, error, warn, info, debug"}));
 
+INSTANTIATE_TEST_SUITE_P(
+    SoftLimit, InvalidValue,
+    testing::Values(
+        InvalidCase{"VRAMSWAP_SOFT_LIMIT", "",
+                    "VRAMSWAP_SOFT_LIMIT='' is not valid: expected a size such as 8GiB, 512MiB, 1073741824 or a "
+                    "percentage of the limit such as 80%"},
+        InvalidCase{"VRAMSWAP_SOFT_LIMIT", "120%",
+                    "VRAMSWAP_SOFT_LIMIT='120%' is not valid (more than 100%): expected a size such as 8GiB, 512MiB, "
+                    "1073741824 or a percentage of the limit such as 80%"},
+        InvalidCase{"VRAMSWAP_SOFT_LIMIT", "0%",
+                    "VRAMSWAP_SOFT_LIMIT='0%' is not valid (a percentage must be more than 0%): expected a size such "
+                    "as 8GiB, 512MiB, 1073741824 or a percentage of the limit such as 80%"},
+        InvalidCase{"VRAMSWAP_SOFT_LIMIT", "ninety",
+                    "VRAMSWAP_SOFT_LIMIT='ninety' is not valid: expected a size such as 8GiB, 512MiB, 1073741824 or a "
+                    "percentage of the limit such as 80%"}));
+
+INSTANTIATE_TEST_SUITE_P(
+    HostLimit, InvalidValue,
+    testing::Values(
+        InvalidCase{"VRAMSWAP_HOST_LIMIT", "0",
+                    "VRAMSWAP_HOST_LIMIT='0' is not valid (out of range): expected a size such as 8GiB, 512MiB or "
+                    "1073741824 of at least 2MiB (empty: the default)"},
+        InvalidCase{"VRAMSWAP_HOST_LIMIT", "1MiB",
+                    "VRAMSWAP_HOST_LIMIT='1MiB' is not valid (out of range): expected a size such as 8GiB, 512MiB or "
+                    "1073741824 of at least 2MiB (empty: the default)"},
+        InvalidCase{"VRAMSWAP_HOST_LIMIT", "50%",
+                    "VRAMSWAP_HOST_LIMIT='50%' is not valid: expected a size such as 8GiB, 512MiB or 1073741824 of at "
+                    "least 2MiB (empty: the default)"},
+        InvalidCase{"VRAMSWAP_HOST_LIMIT", "16777216TiB",
+                    "VRAMSWAP_HOST_LIMIT='16777216TiB' is not valid (too large: more than 2^64 - 1 bytes): expected "
+                    "a size such as 8GiB, 512MiB or 1073741824 of at least 2MiB (empty: the default)"},
+        InvalidCase{"VRAMSWAP_HOST_LIMIT", " ",
+                    "VRAMSWAP_HOST_LIMIT=' ' is not valid: expected a size such as 8GiB, 512MiB or 1073741824 of at "
+                    "least 2MiB (empty: the default)"}));
+
+INSTANTIATE_TEST_SUITE_P(
+    MinOffloadBytes, InvalidValue,
+    testing::Values(
+        InvalidCase{"VRAMSWAP_MIN_OFFLOAD_BYTES", "",
+                    "VRAMSWAP_MIN_OFFLOAD_BYTES='' is not valid: expected a size such as 8GiB, 512MiB or 1073741824"},
+        InvalidCase{"VRAMSWAP_MIN_OFFLOAD_BYTES", "1e6",
+                    "VRAMSWAP_MIN_OFFLOAD_BYTES='1e6' is not valid: expected a size such as 8GiB, 512MiB or "
+                    "1073741824"},
+        InvalidCase{"VRAMSWAP_MIN_OFFLOAD_BYTES", "-1",
+                    "VRAMSWAP_MIN_OFFLOAD_BYTES='-1' is not valid: expected a size such as 8GiB, 512MiB or "
+                    "1073741824"},
+        InvalidCase{"VRAMSWAP_MIN_OFFLOAD_BYTES", "10%",
+                    "VRAMSWAP_MIN_OFFLOAD_BYTES='10%' is not valid: expected a size such as 8GiB, 512MiB or "
+                    "1073741824"}));
+
+INSTANTIATE_TEST_SUITE_P(
+    Horizon, InvalidValue,
+    testing::Values(
+        InvalidCase{"VRAMSWAP_HORIZON", "1025",
+                    "VRAMSWAP_HORIZON='1025' is not valid (out of range): expected an integer of at most 1024"},
+        InvalidCase{"VRAMSWAP_HORIZON", "-1",
+                    "VRAMSWAP_HORIZON='-1' is not valid: expected an integer of at most 1024"},
+        InvalidCase{"VRAMSWAP_HORIZON", "", "VRAMSWAP_HORIZON='' is not valid: expected an integer of at most 1024"},
+        InvalidCase{"VRAMSWAP_HORIZON", "2.5",
+                    "VRAMSWAP_HORIZON='2.5' is not valid: expected an integer of at most 1024"},
+        InvalidCase{"VRAMSWAP_HORIZON", "four",
+                    "VRAMSWAP_HORIZON='four' is not valid: expected an integer of at most 1024"},
+        InvalidCase{"VRAMSWAP_HORIZON", "99999999999999999999",
+                    "VRAMSWAP_HORIZON='99999999999999999999' is not valid (too large: more than 2^64 - 1): expected "
+                    "an integer of at most 1024"}));
+
+INSTANTIATE_TEST_SUITE_P(
+    Verify, InvalidValue,
+    testing::Values(
+        InvalidCase{"VRAMSWAP_VERIFY", "2",
+                    "VRAMSWAP_VERIFY='2' is not valid: expected 1, 0, true, false, yes, no, on or off"},
+        InvalidCase{"VRAMSWAP_VERIFY", "",
+                    "VRAMSWAP_VERIFY='' is not valid: expected 1, 0, true, false, yes, no, on or off"},
+        InvalidCase{"VRAMSWAP_VERIFY", "enabled",
+                    "VRAMSWAP_VERIFY='enabled' is not valid: expected 1, 0, true, false, yes, no, on or off"}));
+
 TEST(InvalidValues, TheIssueExampleMessageIsExact) {
   ParseResult r = parse_one("VRAMSWAP_LIMIT", "12XB");
   ASSERT_EQ(r.errors.size(), 1u);
@@ -299,8 +501,7 @@ TEST_P(UnknownKey, IsAWarningWithTheClosestKey) {
   ASSERT_EQ(r.warnings.size(), 1u);
   const std::string expected =
       std::string(c.suggestion).empty()
-          ? "unknown variable " + std::string(c.key) +
-                "; known variables are VRAMSWAP_LIMIT, VRAMSWAP_LOG, VRAMSWAP_STATS_FILE"
+          ? "unknown variable " + std::string(c.key) + "; known variables are " + kKnownKeys
           : "unknown variable " + std::string(c.key) + "; did you mean " + c.suggestion + "?";
   EXPECT_EQ(r.warnings[0], expected);
   EXPECT_EQ(r.config, Config());
@@ -314,14 +515,21 @@ INSTANTIATE_TEST_SUITE_P(
                     UnknownCase{"VRAMSWAP_STATS", ""}, UnknownCase{"VRAMSWAP_STAT_FILE", "VRAMSWAP_STATS_FILE"},
                     UnknownCase{"VRAMSWAP_STATSFILE", "VRAMSWAP_STATS_FILE"},
                     UnknownCase{"VRAMSWAP_STATS_FIEL", "VRAMSWAP_STATS_FILE"}, UnknownCase{"VRAMSWAP_FOO", ""},
-                    UnknownCase{"VRAMSWAP_", ""}, UnknownCase{"VRAMSWAP_HORIZON", ""}));
+                    UnknownCase{"VRAMSWAP_", ""}, UnknownCase{"VRAMSWAP_SPILL_DIR", ""},
+                    UnknownCase{"VRAMSWAP_SOFTLIMIT", "VRAMSWAP_SOFT_LIMIT"},
+                    UnknownCase{"VRAMSWAP_SOFT_LIMT", "VRAMSWAP_SOFT_LIMIT"},
+                    UnknownCase{"VRAMSWAP_HOST_LIMITS", "VRAMSWAP_HOST_LIMIT"},
+                    UnknownCase{"VRAMSWAP_MIN_OFFLOAD", "VRAMSWAP_MIN_OFFLOAD_BYTES"},
+                    UnknownCase{"VRAMSWAP_MIN_OFFLOAD_BYTE", "VRAMSWAP_MIN_OFFLOAD_BYTES"},
+                    UnknownCase{"VRAMSWAP_HORIZN", "VRAMSWAP_HORIZON"},
+                    UnknownCase{"VRAMSWAP_VERFIY", "VRAMSWAP_VERIFY"}));
 
 TEST(UnknownKeys, AreReportedWithKnownKeysStillApplied) {
-  ParseResult r = parse({{"VRAMSWAP_LIMT", "8GiB"}, {"VRAMSWAP_LOG", "debug"}, {"VRAMSWAP_VERIFY", "1"}});
+  ParseResult r = parse({{"VRAMSWAP_LIMT", "8GiB"}, {"VRAMSWAP_LOG", "debug"}, {"VRAMSWAP_SPILL_DIR", "/tmp"}});
   EXPECT_TRUE(r.ok());
   ASSERT_EQ(r.warnings.size(), 2u);
   EXPECT_EQ(r.warnings[0], "unknown variable VRAMSWAP_LIMT; did you mean VRAMSWAP_LIMIT?");
-  EXPECT_TRUE(r.warnings[1].starts_with("unknown variable VRAMSWAP_VERIFY;"));
+  EXPECT_TRUE(r.warnings[1].starts_with("unknown variable VRAMSWAP_SPILL_DIR;"));
   EXPECT_EQ(r.config.log_level, LogLevel::kDebug);
   EXPECT_EQ(r.config.resolve_limit(kCard), kCard) << "a misspelt limit is not applied";
 }
@@ -356,10 +564,9 @@ TEST(Apply, UnknownKeyIsAnErrorWithASuggestion) {
             std::optional<std::string>("unknown variable VRAMSWAP_LIMT; did you mean VRAMSWAP_LIMIT?"));
   EXPECT_EQ(apply(c, "limit", "8GiB"),
             std::optional<std::string>("unknown variable limit; did you mean VRAMSWAP_LIMIT?"));
-  EXPECT_EQ(apply(c, "VRAMSWAP_VERIFY", "1"),
-            std::optional<std::string>(
-                "unknown variable VRAMSWAP_VERIFY; known variables are VRAMSWAP_LIMIT, VRAMSWAP_LOG, "
-                "VRAMSWAP_STATS_FILE"));
+  EXPECT_EQ(apply(c, "VRAMSWAP_SPILL_DIR", "/tmp"),
+            std::optional<std::string>(std::string("unknown variable VRAMSWAP_SPILL_DIR; known variables are ") +
+                                       kKnownKeys));
   EXPECT_TRUE(apply(c, "", "1").has_value());
   EXPECT_EQ(c, Config());
 }
@@ -392,23 +599,38 @@ TEST(FromEnvironment, ReadsVramswapVariables) {
 
 TEST(Describe, OneLinePerKeyAllDefault) {
   std::vector<std::string> got = lines(describe(Config()));
-  EXPECT_EQ(got, (std::vector<std::string>{"VRAMSWAP_LIMIT=0 (default)", "VRAMSWAP_LOG=warn (default)",
-                                            "VRAMSWAP_STATS_FILE= (default)"}));
+  EXPECT_EQ(got, (std::vector<std::string>{"VRAMSWAP_LIMIT=0 (default)", "VRAMSWAP_SOFT_LIMIT=90% (default)",
+                                            "VRAMSWAP_HOST_LIMIT= (default)",
+                                            "VRAMSWAP_MIN_OFFLOAD_BYTES=1MiB (default)",
+                                            "VRAMSWAP_HORIZON=4 (default)", "VRAMSWAP_VERIFY=0 (default)",
+                                            "VRAMSWAP_LOG=warn (default)", "VRAMSWAP_STATS_FILE= (default)"}));
 }
 
 TEST(Describe, MentionsEveryKeyAndMarksWhatWasSet) {
-  ParseResult r = parse({{"VRAMSWAP_LIMIT", "16 GiB"}, {"VRAMSWAP_STATS_FILE", "/tmp/s.json"}});
+  ParseResult r = parse({{"VRAMSWAP_LIMIT", "16 GiB"},
+                         {"VRAMSWAP_STATS_FILE", "/tmp/s.json"},
+                         {"VRAMSWAP_HOST_LIMIT", "32GiB"},
+                         {"VRAMSWAP_VERIFY", "yes"}});
   ASSERT_TRUE(r.ok());
   std::vector<std::string> got = lines(describe(r.config));
   ASSERT_EQ(got.size(), keys().size());
   for (size_t i = 0; i < keys().size(); ++i) EXPECT_TRUE(got[i].starts_with(std::string(keys()[i].name) + "="));
-  EXPECT_EQ(got[0], "VRAMSWAP_LIMIT=16GiB (set; default: 0)");
-  EXPECT_EQ(got[1], "VRAMSWAP_LOG=warn (default)");
-  EXPECT_EQ(got[2], "VRAMSWAP_STATS_FILE=/tmp/s.json (set; default: unset)");
+  EXPECT_EQ(got, (std::vector<std::string>{
+                     "VRAMSWAP_LIMIT=16GiB (set; default: 0)", "VRAMSWAP_SOFT_LIMIT=90% (default)",
+                     "VRAMSWAP_HOST_LIMIT=32GiB (set; default: unset)", "VRAMSWAP_MIN_OFFLOAD_BYTES=1MiB (default)",
+                     "VRAMSWAP_HORIZON=4 (default)", "VRAMSWAP_VERIFY=1 (set; default: 0)",
+                     "VRAMSWAP_LOG=warn (default)", "VRAMSWAP_STATS_FILE=/tmp/s.json (set; default: unset)"}));
 }
 
 TEST(Describe, ValuesParseBackToTheSameConfig) {
-  ParseResult r = parse({{"VRAMSWAP_LIMIT", "33.339%"}, {"VRAMSWAP_LOG", "DEBUG"}, {"VRAMSWAP_STATS_FILE", "s.json"}});
+  ParseResult r = parse({{"VRAMSWAP_LIMIT", "33.339%"},
+                         {"VRAMSWAP_LOG", "DEBUG"},
+                         {"VRAMSWAP_STATS_FILE", "s.json"},
+                         {"VRAMSWAP_SOFT_LIMIT", "75.5%"},
+                         {"VRAMSWAP_HOST_LIMIT", "3072MiB"},
+                         {"VRAMSWAP_MIN_OFFLOAD_BYTES", "524288"},
+                         {"VRAMSWAP_HORIZON", "16"},
+                         {"VRAMSWAP_VERIFY", "on"}});
   ASSERT_TRUE(r.ok());
   std::map<std::string, std::string> env;
   for (const std::string& line : lines(describe(r.config))) {
@@ -417,6 +639,11 @@ TEST(Describe, ValuesParseBackToTheSameConfig) {
   }
   EXPECT_EQ(env["VRAMSWAP_LIMIT"], "33.33%");
   EXPECT_EQ(env["VRAMSWAP_LOG"], "debug");
+  EXPECT_EQ(env["VRAMSWAP_SOFT_LIMIT"], "75.5%");
+  EXPECT_EQ(env["VRAMSWAP_HOST_LIMIT"], "3GiB");
+  EXPECT_EQ(env["VRAMSWAP_MIN_OFFLOAD_BYTES"], "512KiB");
+  EXPECT_EQ(env["VRAMSWAP_HORIZON"], "16");
+  EXPECT_EQ(env["VRAMSWAP_VERIFY"], "1");
   ParseResult again = parse(env);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again.config, r.config);
@@ -442,12 +669,20 @@ TEST(MarkdownTable, HasAHeaderAndOneRowPerKey) {
 
 TEST(MarkdownTable, RowsShowDefaultAndAcceptedForm) {
   std::vector<std::string> got = lines(markdown_table());
-  ASSERT_EQ(got.size(), 5u);
-  EXPECT_TRUE(got[2].starts_with("| `VRAMSWAP_LIMIT` | `0` | a size such as 8GiB, 512MiB, 1073741824 or a "
-                                 "percentage of the card such as 80% | "))
-      << got[2];
-  EXPECT_TRUE(got[3].starts_with("| `VRAMSWAP_LOG` | `warn` | one of off, error, warn, info, debug | ")) << got[3];
-  EXPECT_TRUE(got[4].starts_with("| `VRAMSWAP_STATS_FILE` | unset | a file path (empty: none) | ")) << got[4];
+  ASSERT_EQ(got.size(), 10u);
+  const char* starts[] = {
+      "| `VRAMSWAP_LIMIT` | `0` | a size such as 8GiB, 512MiB, 1073741824 or a percentage of the card such as 80% | ",
+      "| `VRAMSWAP_SOFT_LIMIT` | `90%` | a size such as 8GiB, 512MiB, 1073741824 or a percentage of the limit such "
+      "as 80% | ",
+      "| `VRAMSWAP_HOST_LIMIT` | unset | a size such as 8GiB, 512MiB or 1073741824 of at least 2MiB (empty: the "
+      "default) | ",
+      "| `VRAMSWAP_MIN_OFFLOAD_BYTES` | `1MiB` | a size such as 8GiB, 512MiB or 1073741824 | ",
+      "| `VRAMSWAP_HORIZON` | `4` | an integer of at most 1024 | ",
+      "| `VRAMSWAP_VERIFY` | `0` | 1, 0, true, false, yes, no, on or off | ",
+      "| `VRAMSWAP_LOG` | `warn` | one of off, error, warn, info, debug | ",
+      "| `VRAMSWAP_STATS_FILE` | unset | a file path (empty: none) | ",
+  };
+  for (size_t i = 0; i < std::size(starts); ++i) EXPECT_TRUE(got[2 + i].starts_with(starts[i])) << got[2 + i];
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
-// values.h: the grammar of each key type, including the types no row uses yet (bool,
-// count, ranged sizes), so a future row starts from a tested parser; accepted_form() and
-// the text forms that parse back to the same value.
+// values.h: the grammar of each key type, including those no row uses yet (ranged
+// sizes), so a future row starts from a tested parser; accepted_form() and the text forms
+// that parse back to the same value.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "config/units.h"
@@ -74,6 +75,23 @@ TEST(SizeValue, HonoursTheRange) {
   EXPECT_EQ(accepted_form(KeyType::kSize, "64MiB..1TiB"),
             "a size such as 8GiB, 512MiB or 1073741824 from 64MiB to 1TiB");
   EXPECT_EQ(accepted_form(KeyType::kSize, "4KiB.."), "a size such as 8GiB, 512MiB or 1073741824 of at least 4KiB");
+}
+
+TEST(OptionalSizeValue, EmptyIsUnsetAndAnythingElseIsARangedSize) {
+  Parsed<std::optional<uint64_t>> unset = parse_optional_size("", "2MiB..");
+  ASSERT_TRUE(unset.value.has_value());
+  EXPECT_EQ(*unset.value, std::nullopt);
+  EXPECT_EQ(parse_optional_size("8GiB", "2MiB..").value, std::optional<std::optional<uint64_t>>(8 * kGiB));
+  EXPECT_EQ(parse_optional_size("2MiB", "2MiB..").value, std::optional<std::optional<uint64_t>>(2 * kMiB));
+  EXPECT_EQ(parse_optional_size("1MiB", "2MiB..").reason, "out of range");
+  EXPECT_EQ(parse_optional_size("0", "2MiB..").reason, "out of range");
+  EXPECT_EQ(parse_optional_size("16777216TiB", "").reason, "too large: more than 2^64 - 1 bytes");
+  for (const char* bad : {" ", "8 GiB ", "50%", "-1", "x"}) EXPECT_FALSE(parse_optional_size(bad, "").value) << bad;
+  EXPECT_FALSE(parse_optional_size("", "2MiB-4MiB").value);  // a malformed range accepts nothing
+  EXPECT_EQ(accepted_form(KeyType::kOptionalSize, "2MiB.."),
+            "a size such as 8GiB, 512MiB or 1073741824 of at least 2MiB (empty: the default)");
+  EXPECT_EQ(optional_size_text(std::nullopt), "");
+  EXPECT_EQ(optional_size_text(3 * kGiB), "3GiB");
 }
 
 TEST(CountValue, AcceptsIntegersInRange) {

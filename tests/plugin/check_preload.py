@@ -52,6 +52,8 @@ def main():
     p.add_argument("--expect-stats", action="store_true",
                    help="the stats file exists, shows allocations, and every allocation was freed")
     p.add_argument("--expect-no-stats", action="store_true", help="no stats file was written")
+    p.add_argument("--expect-stat", action="append", default=[],
+                   help="KEY=N, KEY>N or KEY<=N on a top-level number of the stats file (with --expect-stats)")
     args = p.parse_args()
 
     failures = []
@@ -110,6 +112,16 @@ def main():
                                 f"expected {args.expect_total}")
             if stats.get("num_invalid_frees", 0) < 1:
                 failures.append("stats: the program's double free was not counted in num_invalid_frees")
+            for spec in args.expect_stat:
+                for op, holds in (("<=", lambda a, b: a <= b), (">", lambda a, b: a > b), ("=", lambda a, b: a == b)):
+                    if op in spec:
+                        key, n = spec.split(op, 1)
+                        value = stats.get(key)
+                        if value is None or not holds(value, int(n)):
+                            failures.append(f"stats: {key}={value}, expected {op}{n}")
+                        break
+                else:
+                    failures.append(f"--expect-stat {spec!r}: not KEY=N, KEY>N or KEY<=N")
             devices = stats.get("devices", [])
             if len(devices) != 1 or devices[0].get("device") != 0:
                 failures.append(f"stats: expected one device, 0: {devices}")

@@ -45,6 +45,14 @@ struct Api {
   decltype(&vramswap_last_error) last_error = nullptr;
   decltype(&vramswap_stats_json) stats_json = nullptr;
   decltype(&vramswap_reset_peak_stats) reset_peak_stats = nullptr;
+  decltype(&vramswap_scope_push) scope_push = nullptr;
+  decltype(&vramswap_scope_pop) scope_pop = nullptr;
+  decltype(&vramswap_pack) pack = nullptr;
+  decltype(&vramswap_graph_begin) graph_begin = nullptr;
+  decltype(&vramswap_mark_cold) mark_cold = nullptr;
+  decltype(&vramswap_unpack) unpack = nullptr;
+  decltype(&vramswap_release) release = nullptr;
+  decltype(&vramswap_prefetch) prefetch = nullptr;
   // From the runtime libvramswap.so depends on.
   decltype(&cudaMemcpy) memcpy = nullptr;
   decltype(&cudaMalloc) cuda_malloc = nullptr;
@@ -53,6 +61,7 @@ struct Api {
   decltype(&cudaStreamDestroy) stream_destroy = nullptr;
   decltype(&cudaStreamSynchronize) stream_synchronize = nullptr;
   decltype(&cudaMemsetAsync) memset_async = nullptr;
+  decltype(&cudaMemcpyAsync) memcpy_async = nullptr;
 };
 
 template <typename F>
@@ -79,6 +88,14 @@ const Api& api() {
     find(handle, a.last_error, "vramswap_last_error", &missing);
     find(handle, a.stats_json, "vramswap_stats_json", &missing);
     find(handle, a.reset_peak_stats, "vramswap_reset_peak_stats", &missing);
+    find(handle, a.scope_push, "vramswap_scope_push", &missing);
+    find(handle, a.scope_pop, "vramswap_scope_pop", &missing);
+    find(handle, a.pack, "vramswap_pack", &missing);
+    find(handle, a.graph_begin, "vramswap_graph_begin", &missing);
+    find(handle, a.mark_cold, "vramswap_mark_cold", &missing);
+    find(handle, a.unpack, "vramswap_unpack", &missing);
+    find(handle, a.release, "vramswap_release", &missing);
+    find(handle, a.prefetch, "vramswap_prefetch", &missing);
     find(handle, a.memcpy, "cudaMemcpy", &missing);
     find(handle, a.cuda_malloc, "cudaMalloc", &missing);
     find(handle, a.cuda_free, "cudaFree", &missing);
@@ -86,6 +103,7 @@ const Api& api() {
     find(handle, a.stream_destroy, "cudaStreamDestroy", &missing);
     find(handle, a.stream_synchronize, "cudaStreamSynchronize", &missing);
     find(handle, a.memset_async, "cudaMemsetAsync", &missing);
+    find(handle, a.memcpy_async, "cudaMemcpyAsync", &missing);
     if (!missing.empty()) ADD_FAILURE() << "dlsym found no" << missing;
     return a;
   }();
@@ -533,6 +551,530 @@ TEST_F(Plugin, StatsFileIsWrittenAtExit) {
   std::remove(path.c_str());
   rmdir(dir.c_str());
   unsetenv("VRAMSWAP_TEST_STATS_DIR");
+}
+
+TEST_F(Plugin, StatsJsonHasTheEngineKeysInTotalsAndPerDevice) {
+  void* p = a.malloc(kMiB, 0, nullptr);  // a device, so that "devices" has an object
+  ASSERT_NE(p, nullptr) << last_error();
+  const std::string json = stats();
+  const char* keys[] = {"num_ooms",
+                        "resident_bytes",
+                        "peak_resident_bytes",
+                        "tagged_bytes",
+                        "evictable_bytes",
+                        "evicted_bytes",
+                        "in_flight_bytes",
+                        "host_bytes",
+                        "peak_host_bytes",
+                        "bytes_evicted_total",
+                        "bytes_prefetched_total",
+                        "num_evictions",
+                        "num_prefetches",
+                        "num_faults",
+                        "num_late_prefetches",
+                        "num_verify_failures",
+                        "tagged_waste_bytes",
+                        "num_tracked_blocks",
+                        "num_invalid_frees"};
+  const size_t devices = json.find("\"devices\":[");
+  ASSERT_NE(devices, std::string::npos) << json;
+  const std::string device0 = json.substr(devices);
+  size_t previous = 0, previous_in_device = 0;
+  for (const char* k : keys) {
+    const std::string needle = std::string("\"") + k + "\":";
+    const size_t at = json.find(needle);
+    ASSERT_NE(at, std::string::npos) << k << " in " << json;
+    EXPECT_LT(at, devices) << k << " is a total";
+    EXPECT_GE(at, previous) << k << " is out of order";
+    previous = at;
+    if (std::string_view(k) == "num_invalid_frees") continue;  // process-wide only
+    const size_t in_device = device0.find(needle);
+    EXPECT_NE(in_device, std::string::npos) << k << " per device: " << device0;
+    EXPECT_GE(in_device, previous_in_device) << k << " is out of order per device";
+    previous_in_device = in_device;
+  }
+  EXPECT_GE(number(json, "resident_bytes").value_or(0), kMiB) << "the pool's mapped memory";
+  EXPECT_EQ(number(json, "tagged_bytes"), 0u) << "nothing was allocated in a scope";
+  a.free(p, kMiB, 0, nullptr);
+}
+
+// ---- Offloading through the C ABI: scope, pack, mark_cold, unpack, release ----------------
+//
+// Registered with VRAMSWAP_LIMIT=64MiB (VRAMSWAP_TEST_EXPECTED_LIMIT says so) on a 1 GiB
+// cudasim device, again with VRAMSWAP_VERIFY=1, and under CUDASIM_CHAOS seeds
+// (CMakeLists.txt). Blocks are 8 MiB, four whole 2 MiB granules: no page rounding.
+
+constexpr size_t kBlock = 8 * kMiB;
+
+// The bytes block `index` holds: distinct per block and per position.
+std::vector<unsigned char> block_pattern(size_t index) {
+  std::vector<unsigned char> v(kBlock);
+  uint32_t x = 0x9e3779b9u * static_cast<uint32_t>(index + 1);
+  for (size_t i = 0; i < v.size(); ++i) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    v[i] = static_cast<unsigned char>(x);
+  }
+  return v;
+}
+
+class PluginOffload : public Plugin {
+ protected:
+  void SetUp() override {
+    Plugin::SetUp();
+    ASSERT_NE(a.pack, nullptr);
+    limit_ = expected_limit();
+    ASSERT_NE(limit_, 0u) << "VRAMSWAP_TEST_EXPECTED_LIMIT is not set";
+    ASSERT_EQ(a.stream_create(&stream_), cudaSuccess);
+    a.empty_cache();  // nothing cached from an earlier case of this process
+  }
+  void TearDown() override {
+    while (depth_ > 0) pop();
+    if (stream_) a.stream_destroy(stream_);
+  }
+  void push() {
+    a.scope_push();
+    ++depth_;
+  }
+  void pop() {
+    a.scope_pop();
+    --depth_;
+  }
+
+  // The per-device value of `key` for device 0.
+  std::optional<uint64_t> device_counter(const std::string& key) {
+    const std::string json = stats();
+    const size_t at = json.find("\"devices\":[{\"device\":0,");
+    if (at == std::string::npos) return std::nullopt;
+    return number(json.substr(at), key);
+  }
+
+  // Forward: `n` tagged blocks of kBlock, each filled with its pattern on stream_, packed
+  // and marked cold there. Checks after each allocation that residency stayed within the
+  // limit.
+  void forward(size_t n, std::vector<void*>* blocks, std::vector<uint64_t>* handles,
+               std::vector<std::vector<unsigned char>>* patterns) {
+    push();
+    a.graph_begin();
+    for (size_t i = 0; i < n; ++i) {
+      void* p = a.malloc(kBlock, 0, stream_);
+      ASSERT_NE(p, nullptr) << "block " << i << ": " << last_error() << "\n" << stats();
+      patterns->push_back(block_pattern(i));
+      ASSERT_EQ(a.memcpy_async(p, patterns->back().data(), kBlock, cudaMemcpyHostToDevice, stream_), cudaSuccess);
+      const uint64_t h = a.pack(p, stream_);
+      ASSERT_NE(h, 0u) << "block " << i << " was allocated in a scope and is " << kBlock << " bytes";
+      EXPECT_STREQ(a.last_error(), "");
+      ASSERT_EQ(a.mark_cold(h, stream_), 0) << last_error();
+      EXPECT_STREQ(a.last_error(), "");
+      blocks->push_back(p);
+      handles->push_back(h);
+      EXPECT_LE(counter("resident_bytes"), limit_) << "after block " << i;
+    }
+    pop();
+  }
+
+  // Backward: last packed first, each unpacked on stream_, read back on stream_ after the
+  // unpack and compared byte for byte, then released and freed.
+  void backward(std::vector<void*>& blocks, std::vector<uint64_t>& handles,
+                const std::vector<std::vector<unsigned char>>& patterns) {
+    std::vector<unsigned char> out(kBlock);
+    for (size_t i = blocks.size(); i-- > 0;) {
+      ASSERT_EQ(a.unpack(handles[i], stream_), 0) << "block " << i << ": " << last_error() << "\n" << stats();
+      EXPECT_STREQ(a.last_error(), "");
+      std::fill(out.begin(), out.end(), 0);
+      ASSERT_EQ(a.memcpy_async(out.data(), blocks[i], kBlock, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+      ASSERT_EQ(a.stream_synchronize(stream_), cudaSuccess);
+      const auto mismatch = std::mismatch(out.begin(), out.end(), patterns[i].begin());
+      EXPECT_TRUE(mismatch.first == out.end())
+          << "block " << i << " differs at byte " << (mismatch.first - out.begin()) << " of " << kBlock;
+      ASSERT_EQ(a.release(handles[i]), 0) << last_error();
+      a.free(blocks[i], kBlock, 0, stream_);
+      ASSERT_STREQ(a.last_error(), "") << "block " << i;
+      EXPECT_LE(counter("resident_bytes"), limit_) << "after block " << i;
+    }
+    blocks.clear();
+    handles.clear();
+  }
+
+  void expect_nothing_tagged_left() {
+    const std::string json = stats();
+    EXPECT_EQ(number(json, "tagged_bytes"), 0u) << json;
+    EXPECT_EQ(number(json, "host_bytes"), 0u) << json;
+    EXPECT_EQ(number(json, "evicted_bytes"), 0u) << json;
+    EXPECT_EQ(number(json, "in_flight_bytes"), 0u) << json;
+    EXPECT_EQ(number(json, "num_tracked_blocks"), 0u) << json;
+    EXPECT_EQ(number(json, "tagged_waste_bytes"), 0u) << json;
+    EXPECT_EQ(number(json, "num_verify_failures"), 0u) << json;
+  }
+
+  uint64_t limit_ = 0;
+  cudaStream_t stream_ = nullptr;
+  int depth_ = 0;
+};
+
+TEST_F(PluginOffload, ForwardBackwardUnderTheLimitRestoresEveryByte) {
+  const size_t n = 2 * limit_ / kBlock;  // twice what fits: 16 blocks under 64 MiB
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  std::vector<std::vector<unsigned char>> patterns;
+  ASSERT_NO_FATAL_FAILURE(forward(n, &blocks, &handles, &patterns));
+
+  // Blocks past the limit could be placed only because cold ones were evicted.
+  std::string json = stats();
+  EXPECT_GT(number(json, "num_evictions").value_or(0), 0u) << json;
+  EXPECT_GT(number(json, "evicted_bytes").value_or(0), 0u) << json;
+  EXPECT_GE(number(json, "bytes_evicted_total").value_or(0), n * kBlock - limit_) << json;
+  EXPECT_EQ(number(json, "tagged_bytes"), n * kBlock) << json;
+  EXPECT_EQ(number(json, "num_tracked_blocks"), n) << json;
+  EXPECT_LE(number(json, "peak_resident_bytes").value_or(UINT64_MAX), limit_) << json;
+  EXPECT_GT(number(json, "host_bytes").value_or(0), 0u) << json;
+  // Per device, the same.
+  EXPECT_GT(device_counter("num_evictions").value_or(0), 0u);
+  EXPECT_EQ(device_counter("tagged_bytes"), n * kBlock);
+
+  ASSERT_NO_FATAL_FAILURE(backward(blocks, handles, patterns));
+  json = stats();
+  EXPECT_GT(number(json, "num_prefetches").value_or(0), 0u) << json;
+  EXPECT_GT(number(json, "bytes_prefetched_total").value_or(0), 0u) << json;
+  EXPECT_LE(number(json, "peak_resident_bytes").value_or(UINT64_MAX), limit_) << json;
+  expect_nothing_tagged_left();
+}
+
+TEST_F(PluginOffload, WithNoPressureNothingIsCopied) {
+  const size_t n = limit_ / kBlock / 2;  // half the limit, below the 90% soft limit
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  std::vector<std::vector<unsigned char>> patterns;
+  a.reset_peak_stats();
+  const std::string before = stats();
+  ASSERT_NO_FATAL_FAILURE(forward(n, &blocks, &handles, &patterns));
+  ASSERT_NO_FATAL_FAILURE(backward(blocks, handles, patterns));
+  const std::string json = stats();
+  for (const char* key : {"num_evictions", "bytes_evicted_total", "bytes_prefetched_total", "num_prefetches",
+                          "num_faults"})
+    EXPECT_EQ(number(json, key), number(before, key)) << key << ": " << json;
+  EXPECT_EQ(number(json, "peak_host_bytes"), 0u) << json;
+  expect_nothing_tagged_left();
+}
+
+TEST_F(PluginOffload, TwoForwardsBeforeTheirBackwards) {
+  // Gradient accumulation: forward A, forward B, backward A, backward B; each forward
+  // alone fills the limit.
+  const size_t n = limit_ / kBlock;
+  std::vector<void*> blocks_a, blocks_b;
+  std::vector<uint64_t> handles_a, handles_b;
+  std::vector<std::vector<unsigned char>> patterns_a, patterns_b;
+  ASSERT_NO_FATAL_FAILURE(forward(n, &blocks_a, &handles_a, &patterns_a));
+  ASSERT_NO_FATAL_FAILURE(forward(n, &blocks_b, &handles_b, &patterns_b));
+  EXPECT_GT(counter("num_evictions"), 0u);
+  ASSERT_NO_FATAL_FAILURE(backward(blocks_a, handles_a, patterns_a));
+  ASSERT_NO_FATAL_FAILURE(backward(blocks_b, handles_b, patterns_b));
+  expect_nothing_tagged_left();
+}
+
+TEST_F(PluginOffload, FreeOfEvictedBlocksDropsTheirHostCopies) {
+  const size_t n = limit_ / kBlock + 4;
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  std::vector<std::vector<unsigned char>> patterns;
+  ASSERT_NO_FATAL_FAILURE(forward(n, &blocks, &handles, &patterns));
+  ASSERT_GT(counter("evicted_bytes"), 0u) << stats();
+  ASSERT_GT(counter("host_bytes"), 0u) << stats();
+  // Block 0 was saved first, so backward needs it last: Belady's first victim.
+  a.free(blocks[0], kBlock, 0, stream_);
+  EXPECT_STREQ(a.last_error(), "");
+  for (size_t i = 1; i < n; ++i) {  // still packed and cold, some on the host: freed anyway
+    a.free(blocks[i], kBlock, 0, stream_);
+    EXPECT_STREQ(a.last_error(), "") << "block " << i;
+  }
+  ASSERT_EQ(a.stream_synchronize(stream_), cudaSuccess);
+  // The handles died with their blocks.
+  for (uint64_t h : handles) EXPECT_EQ(a.unpack(h, stream_), -1);
+  expect_nothing_tagged_left();
+  // Their device pages went back to the pool: the whole limit can be allocated again.
+  std::vector<void*> again;
+  for (size_t i = 0; i < limit_ / kBlock; ++i) {
+    void* p = a.malloc(kBlock, 0, stream_);
+    ASSERT_NE(p, nullptr) << i << ": " << last_error();
+    again.push_back(p);
+  }
+  for (void* p : again) a.free(p, kBlock, 0, stream_);
+}
+
+TEST_F(PluginOffload, OutOfMemoryWhenNothingIsColdIsNullWithAReport) {
+  push();
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  const uint64_t ooms = counter("num_ooms");
+  const uint64_t evictions = counter("num_evictions");
+  StderrCapture capture;
+  void* refused = reinterpret_cast<void*>(1);
+  for (size_t i = 0; i <= limit_ / kBlock; ++i) {
+    void* p = a.malloc(kBlock, 0, stream_);
+    if (!p) {
+      refused = p;
+      break;
+    }
+    blocks.push_back(p);
+    const uint64_t h = a.pack(p, stream_);  // packed, never cold: not evictable
+    ASSERT_NE(h, 0u);
+    handles.push_back(h);
+  }
+  const std::string err = capture.text();
+  const std::string error = last_error();
+  EXPECT_EQ(refused, nullptr) << "the limit holds " << limit_ / kBlock << " blocks and none is cold";
+  EXPECT_EQ(blocks.size(), limit_ / kBlock);
+  EXPECT_NE(error.find(std::to_string(kBlock)), std::string::npos) << "the request: " << error;
+  EXPECT_NE(error.find(std::to_string(limit_ / kMiB) + " MiB"), std::string::npos) << "the limit: " << error;
+  EXPECT_EQ(count(err, "vramswap: warning: out of memory"), 1u) << err;
+  EXPECT_EQ(counter("num_ooms"), ooms + 1);
+  EXPECT_EQ(counter("num_evictions"), evictions);
+  // Once one is cold, the same request succeeds by evicting it.
+  ASSERT_EQ(a.mark_cold(handles[0], stream_), 0) << last_error();
+  void* p = a.malloc(kBlock, 0, stream_);
+  ASSERT_NE(p, nullptr) << last_error();
+  EXPECT_EQ(counter("num_evictions"), evictions + 1);
+  // Released without an unpack, the evicted block comes back first (nothing is lost): that
+  // needs the room the new block takes, so it goes first.
+  a.free(p, kBlock, 0, stream_);
+  for (uint64_t h : handles) EXPECT_EQ(a.release(h), 0) << last_error();
+  for (void* b : blocks) a.free(b, kBlock, 0, stream_);
+  EXPECT_STREQ(a.last_error(), "");
+  pop();
+  expect_nothing_tagged_left();
+}
+
+TEST_F(PluginOffload, OnlyLargeEnoughAllocationsInsideAScopeAreTagged) {
+  void* outside = a.malloc(kBlock, 0, stream_);
+  ASSERT_NE(outside, nullptr) << last_error();
+  EXPECT_EQ(a.pack(outside, stream_), 0u) << "allocated outside any scope";
+  EXPECT_STREQ(a.last_error(), "") << "not offloadable is not an error";
+  push();
+  void* small = a.malloc(kMiB - 512, 0, stream_);  // below VRAMSWAP_MIN_OFFLOAD_BYTES (1 MiB)
+  void* exact = a.malloc(kMiB, 0, stream_);        // at it
+  ASSERT_NE(small, nullptr) << last_error();
+  ASSERT_NE(exact, nullptr) << last_error();
+  EXPECT_EQ(a.pack(small, stream_), 0u);
+  EXPECT_STREQ(a.last_error(), "");
+  const uint64_t h = a.pack(exact, stream_);
+  EXPECT_NE(h, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(exact) % (2 * kMiB), 0u) << "a tagged block starts on its own granule";
+  // An address inside the block names it too, with the same handle (a second reference).
+  EXPECT_EQ(a.pack(static_cast<char*>(exact) + 4096, stream_), h);
+  EXPECT_EQ(counter("tagged_bytes"), 2 * kMiB) << "one whole granule";
+  EXPECT_EQ(counter("tagged_waste_bytes"), kMiB);
+  // Neither foreign memory nor NULL is offloadable.
+  int local = 0;
+  EXPECT_EQ(a.pack(&local, stream_), 0u);
+  EXPECT_EQ(a.pack(nullptr, stream_), 0u);
+  EXPECT_STREQ(a.last_error(), "");
+  pop();
+  EXPECT_EQ(a.release(h), 0) << last_error();
+  EXPECT_EQ(a.release(h), 0) << "two packs, two references: " << last_error();
+  EXPECT_EQ(a.release(h), -1) << "the third release is one too many";
+  a.free(small, 0, 0, stream_);
+  a.free(exact, 0, 0, stream_);
+  a.free(outside, 0, 0, stream_);
+  EXPECT_STREQ(a.last_error(), "");
+  expect_nothing_tagged_left();
+}
+
+TEST_F(PluginOffload, ScopesNestAndBelongToTheirThread) {
+  push();
+  push();
+  pop();
+  EXPECT_STREQ(a.last_error(), "");
+  void* inner = a.malloc(kBlock, 0, stream_);  // one scope still open
+  ASSERT_NE(inner, nullptr) << last_error();
+  EXPECT_NE(a.pack(inner, stream_), 0u);
+  // Another thread has no scope open: its allocations are not tagged.
+  void* other = nullptr;
+  uint64_t other_handle = 1;
+  std::thread([&] {
+    other = a.malloc(kBlock, 0, nullptr);
+    other_handle = a.pack(other, nullptr);
+  }).join();
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(other_handle, 0u);
+  pop();
+  void* after = a.malloc(kBlock, 0, stream_);
+  ASSERT_NE(after, nullptr) << last_error();
+  EXPECT_EQ(a.pack(after, stream_), 0u) << "every scope is closed";
+  a.free(inner, 0, 0, stream_);  // freed while packed: its handle dies with it
+  a.free(other, 0, 0, nullptr);
+  a.free(after, 0, 0, stream_);
+  EXPECT_STREQ(a.last_error(), "");
+  expect_nothing_tagged_left();
+}
+
+TEST_F(PluginOffload, ScopePopWithoutPushIsAnError) {
+  a.scope_pop();
+  const std::string error = last_error();
+  EXPECT_NE(error.find("vramswap_scope_pop"), std::string::npos) << error;
+  EXPECT_NE(error.find("no offload scope"), std::string::npos) << error;
+  // Nothing changed: a scope opened now is closed by one pop.
+  a.scope_push();
+  EXPECT_STREQ(a.last_error(), "");
+  a.scope_pop();
+  EXPECT_STREQ(a.last_error(), "");
+  void* p = a.malloc(kBlock, 0, stream_);
+  ASSERT_NE(p, nullptr) << last_error();
+  EXPECT_EQ(a.pack(p, stream_), 0u) << "the depth did not go below 0";
+  a.free(p, 0, 0, stream_);
+}
+
+// Every call of the protocol with handle `h` fails, naming `expected` in its message.
+void expect_refused(const Api& a, uint64_t h, cudaStream_t s, const std::string& expected) {
+  SCOPED_TRACE("handle " + std::to_string(h));
+  EXPECT_EQ(a.mark_cold(h, s), -1);
+  EXPECT_NE(last_error().find(expected), std::string::npos) << last_error();
+  EXPECT_EQ(a.unpack(h, s), -1);
+  EXPECT_NE(last_error().find(expected), std::string::npos) << last_error();
+  EXPECT_EQ(a.prefetch(h), -1);
+  EXPECT_NE(last_error().find(expected), std::string::npos) << last_error();
+  EXPECT_EQ(a.release(h), -1);
+  EXPECT_NE(last_error().find(expected), std::string::npos) << last_error();
+}
+
+std::string hex(uint64_t v) {
+  char text[24];
+  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(v));
+  return text;
+}
+
+TEST_F(PluginOffload, StaleHandlesAreRefusedWithAMessage) {
+  push();
+  void* p = a.malloc(kBlock, 0, stream_);
+  ASSERT_NE(p, nullptr) << last_error();
+  pop();
+  const uint64_t first = a.pack(p, stream_);
+  ASSERT_NE(first, 0u);
+  ASSERT_EQ(a.release(first), 0) << last_error();
+  expect_refused(a, first, stream_, hex(first));  // after release
+  EXPECT_NE(last_error().find("stale"), std::string::npos) << last_error();
+  // Packed again: a new handle, and the old one stays dead.
+  const uint64_t second = a.pack(p, stream_);
+  ASSERT_NE(second, 0u);
+  EXPECT_NE(second, first);
+  EXPECT_EQ(a.mark_cold(first, stream_), -1);
+  ASSERT_EQ(a.mark_cold(second, stream_), 0) << last_error();
+  a.free(p, kBlock, 0, stream_);
+  ASSERT_STREQ(a.last_error(), "");
+  expect_refused(a, second, stream_, hex(second));  // after free
+  EXPECT_NE(last_error().find("stale"), std::string::npos) << last_error();
+  // A new block at the same address does not revive the old handles.
+  push();
+  void* q = a.malloc(kBlock, 0, stream_);
+  pop();
+  ASSERT_NE(q, nullptr) << last_error();
+  const uint64_t third = a.pack(q, stream_);
+  ASSERT_NE(third, 0u);
+  expect_refused(a, second, stream_, hex(second));
+  EXPECT_EQ(a.release(third), 0) << last_error();
+  a.free(q, kBlock, 0, stream_);
+  expect_nothing_tagged_left();
+}
+
+TEST_F(PluginOffload, ZeroAndGarbageHandlesAreRefusedWithAMessage) {
+  expect_refused(a, 0, stream_, "handle 0");
+  // Before any tagged block exists, and after one does (slot 0 is then taken).
+  for (int round = 0; round < 2; ++round) {
+    for (uint64_t garbage : {uint64_t{0xdeadbeef}, uint64_t{0x00ffffff12345678}, uint64_t{0xff00000000000001},
+                             uint64_t{0x0100000100000001}, UINT64_MAX}) {
+      expect_refused(a, garbage, stream_, hex(garbage));
+    }
+    if (round == 0) {
+      push();
+      void* p = a.malloc(kBlock, 0, stream_);
+      pop();
+      ASSERT_NE(p, nullptr) << last_error();
+      const uint64_t h = a.pack(p, stream_);
+      ASSERT_NE(h, 0u);
+      expect_refused(a, h + 1, stream_, hex(h + 1));  // the right slot, a wrong generation
+      EXPECT_EQ(a.unpack(h, stream_), 0) << "the real handle still works: " << last_error();
+      EXPECT_EQ(a.release(h), 0) << last_error();
+      a.free(p, kBlock, 0, stream_);
+    }
+  }
+  expect_nothing_tagged_left();
+}
+
+TEST_F(PluginOffload, PrefetchBringsAnEvictedBlockBackAhead) {
+  const size_t n = limit_ / kBlock + 2;
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  std::vector<std::vector<unsigned char>> patterns;
+  ASSERT_NO_FATAL_FAILURE(forward(n, &blocks, &handles, &patterns));
+  ASSERT_GT(counter("evicted_bytes"), 0u);
+  // Free the newest blocks (as if backward used them), then hint block 0 back.
+  for (size_t i = n; i-- > n - 4;) {
+    EXPECT_EQ(a.release(handles[i]), 0) << last_error();
+    a.free(blocks[i], kBlock, 0, stream_);
+  }
+  blocks.resize(n - 4);
+  handles.resize(n - 4);
+  patterns.resize(n - 4);
+  const uint64_t prefetches = counter("num_prefetches");
+  EXPECT_EQ(a.prefetch(handles[0]), 0) << last_error();
+  EXPECT_EQ(counter("num_prefetches"), prefetches + 1) << stats();
+  ASSERT_NO_FATAL_FAILURE(backward(blocks, handles, patterns));
+  expect_nothing_tagged_left();
+}
+
+TEST_F(PluginOffload, EngineOptionsComeFromTheConfiguration) {
+  if (stats().find("\"devices\":[]") == std::string::npos)
+    GTEST_SKIP() << "device 0's pool and engine were created by an earlier case of this process";
+  ASSERT_EQ(a.configure("VRAMSWAP_LOG", "info"), 0) << last_error();
+  StderrCapture capture;
+  void* p = a.malloc(kMiB, 0, stream_);  // creates device 0's pool and engine
+  const std::string err = capture.text();
+  ASSERT_EQ(a.configure("VRAMSWAP_LOG", "warn"), 0) << last_error();
+  ASSERT_NE(p, nullptr) << last_error();
+  // 90% of 64 MiB, rounded down; the verify registration sets VRAMSWAP_VERIFY=1.
+  const char* verify = std::getenv("VRAMSWAP_VERIFY");
+  const std::string expected = std::string("device 0: eviction engine created, soft limit 57.59 MiB, host limit ") +
+                               "the default, horizon 4, verify " + (verify && verify[0] == '1' ? "on" : "off");
+  EXPECT_NE(err.find(expected), std::string::npos) << err;
+  a.free(p, kMiB, 0, stream_);
+}
+
+TEST_F(PluginOffload, EngineSettingsFreezeWithThePoolButMinOffloadBytesDoesNot) {
+  void* p = a.malloc(kMiB, 0, stream_);  // a pool and its engine exist from here on
+  ASSERT_NE(p, nullptr) << last_error();
+  struct Change {
+    const char* key;
+    const char* value;
+  };
+  for (Change c : {Change{"VRAMSWAP_SOFT_LIMIT", "50%"}, Change{"VRAMSWAP_HOST_LIMIT", "1GiB"},
+                   Change{"VRAMSWAP_HORIZON", "8"}, Change{"VRAMSWAP_VERIFY", "1"}, Change{"VRAMSWAP_VERIFY", "0"}}) {
+    const char* in_force = std::getenv("VRAMSWAP_VERIFY");
+    if (std::string(c.key) == "VRAMSWAP_VERIFY" && (in_force ? in_force : std::string("0")) == c.value) {
+      EXPECT_EQ(a.configure(c.key, c.value), 0) << "the value in force is accepted: " << last_error();
+      continue;
+    }
+    EXPECT_EQ(a.configure(c.key, c.value), -1) << c.key;
+    EXPECT_NE(last_error().find(std::string(c.key) + " cannot change"), std::string::npos) << last_error();
+  }
+  EXPECT_EQ(a.configure("VRAMSWAP_SOFT_LIMIT", "90%"), 0) << last_error();
+  EXPECT_EQ(a.configure("VRAMSWAP_HORIZON", "4"), 0) << last_error();
+  EXPECT_EQ(a.configure("VRAMSWAP_HOST_LIMIT", ""), 0) << last_error();
+  // VRAMSWAP_MIN_OFFLOAD_BYTES applies to the next allocation.
+  ASSERT_EQ(a.configure("VRAMSWAP_MIN_OFFLOAD_BYTES", "16MiB"), 0) << last_error();
+  push();
+  void* below = a.malloc(kBlock, 0, stream_);
+  pop();
+  ASSERT_EQ(a.configure("VRAMSWAP_MIN_OFFLOAD_BYTES", "1MiB"), 0) << last_error();
+  push();
+  void* above = a.malloc(kBlock, 0, stream_);
+  pop();
+  ASSERT_NE(below, nullptr) << last_error();
+  ASSERT_NE(above, nullptr) << last_error();
+  EXPECT_EQ(a.pack(below, stream_), 0u) << "8 MiB is below a 16 MiB threshold";
+  const uint64_t h = a.pack(above, stream_);
+  EXPECT_NE(h, 0u);
+  EXPECT_EQ(a.release(h), 0) << last_error();
+  for (void* b : {p, below, above}) a.free(b, 0, 0, stream_);
+  EXPECT_STREQ(a.last_error(), "");
+  expect_nothing_tagged_left();
 }
 
 // Registered on its own, with VRAMSWAP_LIMIT=12XB in the environment (CMakeLists.txt).

@@ -3,6 +3,7 @@
 // CUDAPluggableAllocator takes, and every function is noexcept. Built, never run.
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <type_traits>
 
 #include "vramswap/vramswap.h"
@@ -15,6 +16,14 @@ static_assert(std::is_same_v<decltype(&vramswap_configure), int (*)(const char*,
 static_assert(std::is_same_v<decltype(&vramswap_last_error), const char* (*)() noexcept>);
 static_assert(std::is_same_v<decltype(&vramswap_stats_json), size_t (*)(char*, size_t) noexcept>);
 static_assert(std::is_same_v<decltype(&vramswap_reset_peak_stats), void (*)() noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_scope_push), void (*)() noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_scope_pop), void (*)() noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_pack), uint64_t (*)(const void*, cudaStream_t) noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_graph_begin), void (*)() noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_mark_cold), int (*)(uint64_t, cudaStream_t) noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_unpack), int (*)(uint64_t, cudaStream_t) noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_release), int (*)(uint64_t) noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_prefetch), int (*)(uint64_t) noexcept>);
 // torch's pluggable allocator stores plain function pointers of these types.
 using TorchMalloc = void* (*)(size_t, int, cudaStream_t);
 using TorchFree = void (*)(void*, size_t, int, cudaStream_t);

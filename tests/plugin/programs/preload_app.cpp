@@ -11,8 +11,15 @@
 // --big BYTES   at the end, after its streams were destroyed and everything was freed, ask
 //               cudaMalloc for BYTES and require success (an allocator must give back memory
 //               it cached for a stream that no longer exists).
+// --offload N   also run a forward/backward of N blocks of 8 MiB through vramswap's C ABI,
+//               found with dlsym in the process (so only under the preload): cudaMalloc
+//               inside vramswap_scope_push/pop, a pattern per block by cudaMemcpy,
+//               vramswap_pack and vramswap_mark_cold; then, last block first,
+//               vramswap_unpack, cudaMemcpy back and compare, vramswap_release, cudaFree.
+//               Prints "offload: ok" when every byte came back.
 // Exit status: 0 when every check held, 1 otherwise (the failed check is on stderr).
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -55,15 +62,88 @@ std::vector<unsigned char> pattern(size_t n, unsigned seed) {
   return v;
 }
 
+// vramswap's C ABI as an unchanged program reaches it: looked up in the process, where
+// libvramswap_preload.so defines it. The types are vramswap.h's.
+struct Offload {
+  void (*scope_push)() = nullptr;
+  void (*scope_pop)() = nullptr;
+  uint64_t (*pack)(const void*, cudaStream_t) = nullptr;
+  void (*graph_begin)() = nullptr;
+  int (*mark_cold)(uint64_t, cudaStream_t) = nullptr;
+  int (*unpack)(uint64_t, cudaStream_t) = nullptr;
+  int (*release)(uint64_t) = nullptr;
+  const char* (*last_error)() = nullptr;
+
+  template <typename F>
+  static void find(F*& slot, const char* name) {
+    slot = reinterpret_cast<F*>(dlsym(RTLD_DEFAULT, name));
+  }
+  bool load() {
+    find(scope_push, "vramswap_scope_push");
+    find(scope_pop, "vramswap_scope_pop");
+    find(pack, "vramswap_pack");
+    find(graph_begin, "vramswap_graph_begin");
+    find(mark_cold, "vramswap_mark_cold");
+    find(unpack, "vramswap_unpack");
+    find(release, "vramswap_release");
+    find(last_error, "vramswap_last_error");
+    return scope_push && scope_pop && pack && graph_begin && mark_cold && unpack && release && last_error;
+  }
+};
+
+// The forward/backward of --offload (see the top of the file), on the legacy default stream.
+void offload(size_t blocks) {
+  constexpr size_t kBlock = 8 << 20;
+  Offload v;
+  if (!v.load()) {
+    std::fprintf(stderr, "preload_app: vramswap's C ABI is not in the process (run it under the preload)\n");
+    ++failures;
+    return;
+  }
+  std::vector<void*> ptrs(blocks, nullptr);
+  std::vector<uint64_t> handles(blocks, 0);
+  v.scope_push();
+  v.graph_begin();
+  for (size_t i = 0; i < blocks; ++i) {
+    CHECK_CUDA(cudaMalloc(&ptrs[i], kBlock));
+    if (!ptrs[i]) {
+      std::fprintf(stderr, "preload_app: offload block %zu: %s\n", i, v.last_error());
+      break;
+    }
+    CHECK_CUDA(cudaMemcpy(ptrs[i], pattern(kBlock, unsigned(i)).data(), kBlock, cudaMemcpyHostToDevice));
+    handles[i] = v.pack(ptrs[i], nullptr);
+    CHECK(handles[i] != 0);
+    CHECK(v.mark_cold(handles[i], nullptr) == 0);
+  }
+  v.scope_pop();
+  CHECK(v.last_error()[0] == '\0');
+  std::vector<unsigned char> out(kBlock);
+  for (size_t i = blocks; i-- > 0;) {
+    if (!ptrs[i]) continue;
+    CHECK(v.unpack(handles[i], nullptr) == 0);
+    CHECK_CUDA(cudaMemcpy(out.data(), ptrs[i], kBlock, cudaMemcpyDeviceToHost));
+    CHECK(out == pattern(kBlock, unsigned(i)));
+    CHECK(v.release(handles[i]) == 0);
+    CHECK_CUDA(cudaFree(ptrs[i]));
+  }
+  // A block allocated outside the scope is an ordinary one.
+  void* d = nullptr;
+  CHECK_CUDA(cudaMalloc(&d, kBlock));
+  CHECK(v.pack(d, nullptr) == 0);
+  CHECK_CUDA(cudaFree(d));
+  if (failures == 0) std::printf("offload: ok\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::printf("preload_app: start\n");
   std::fflush(stdout);
-  unsigned long long oom_bytes = 0, big_bytes = 0;
+  unsigned long long oom_bytes = 0, big_bytes = 0, offload_blocks = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--oom" && i + 1 < argc) oom_bytes = std::strtoull(argv[++i], nullptr, 10);
     if (std::string(argv[i]) == "--big" && i + 1 < argc) big_bytes = std::strtoull(argv[++i], nullptr, 10);
+    if (std::string(argv[i]) == "--offload" && i + 1 < argc) offload_blocks = std::strtoull(argv[++i], nullptr, 10);
   }
 
   size_t free_bytes = 0, total_bytes = 0;
@@ -161,6 +241,8 @@ int main(int argc, char** argv) {
     CHECK(cudaFree(d) == cudaErrorInvalidValue);
     cudaGetLastError();  // the runtime's sticky-free error state, if any
   }
+
+  if (offload_blocks) offload(offload_blocks);
 
   if (big_bytes) {
     void* d = nullptr;

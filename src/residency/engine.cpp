@@ -1,0 +1,641 @@
+// The eviction engine's mechanics. The states and rules are Note [Block states] in
+// engine.h; the order of use is policy/use_order.h.
+//
+// Invariants:
+//   * a slot is live iff its block is a live tagged block of the pool; by_addr_ maps the
+//     block's address to it;
+//   * residency kEvicted / kFetching <=> the block has a host copy (host != nullptr) and,
+//     for kEvicted, no pages; kEvicting <=> a D2H copy into `host` is in flight;
+//   * a block is in order_ iff packs > 0, under `key`;
+//   * in_flight_ lists exactly the slots in kEvicting or kFetching.
+#include "residency/engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "config/units.h"
+#include "cuda/error.h"
+#include "cuda/event.h"
+#include "cuda/stream.h"
+#include "policy/use_order.h"
+
+namespace vramswap::residency {
+namespace {
+
+enum class Residency { kResident, kEvicting, kEvicted, kFetching };
+
+struct Slot {
+  bool live = false;
+  uint32_t generation = 1;
+  uintptr_t addr = 0;
+  uint64_t placed = 0;     // whole granules
+  uint64_t requested = 0;  // what the program asked for: the bytes that are copied
+  Residency residency = Residency::kResident;
+  int packs = 0;
+  policy::UseKey key;
+  bool cold = false;
+  bool unpacked = false;
+  bool cancel = false;  // an eviction in flight whose result is no longer wanted
+  cuda::Event cold_event;
+  cuda::Event copy_event;
+  void* host = nullptr;
+  uint64_t checksum = 0;
+};
+
+// A host buffer that must outlive a copy still in flight (its block was freed).
+struct Deferred {
+  void* host;
+  cuda::Event event;
+};
+
+constexpr int kDeviceShift = 56;
+constexpr int kSlotShift = 32;
+constexpr uint64_t kSlotMask = (uint64_t{1} << 24) - 1;
+
+// FNV-1a over 64-bit words (and the tail bytes): cheap enough for a debug mode, and any
+// changed byte changes it with overwhelming probability.
+uint64_t checksum(const void* data, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
+class Engine::Impl {
+ public:
+  Impl(pool::DevicePool& pool, const EngineOptions& options);
+
+  void* allocate_tagged(size_t size, cudaStream_t stream, std::string* error);
+  bool is_tagged(const void* ptr) const {
+    std::lock_guard lock(tagged_mu_);  // not mu_: a free must not wait behind a reclaim
+    return tagged_.count(reinterpret_cast<uintptr_t>(ptr)) == 1;
+  }
+  std::string pressure_report() const;
+  pool::Result free_tagged(void* ptr, cudaStream_t stream);
+  uint64_t pack(const void* ptr, cudaStream_t stream);
+  void graph_begin() {
+    std::lock_guard lock(mu_);
+    ++graph_;
+  }
+  Status mark_cold(uint64_t handle, cudaStream_t stream);
+  Status unpack(uint64_t handle, cudaStream_t stream);
+  Status release(uint64_t handle);
+  Status prefetch(uint64_t handle);
+  uint64_t reclaim(uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    return reclaim_locked(bytes);
+  }
+  EngineStats stats() const;
+  void reset_peaks();
+  void detach() { pool_.set_reclaimer(nullptr); }
+  void trim_host() {
+    std::lock_guard lock(mu_);
+    complete_copies(false);
+    host_.trim();
+  }
+
+ private:
+  // The slot a handle names, or nullptr with *error set.
+  Slot* resolve(uint64_t handle, const char* what, std::string* error);
+  uint64_t handle_of(uint32_t slot) const {
+    return (uint64_t(device_) << kDeviceShift) | (uint64_t(slot) << kSlotShift) | slots_[slot].generation;
+  }
+  void note_stream(cudaStream_t s) { streams_.insert(s); }
+  bool any_capturing();
+  bool evictable(uint32_t slot, const std::set<uint32_t>& window) const {
+    const Slot& s = slots_[slot];
+    return s.live && s.residency == Residency::kResident && s.cold && !s.unpacked && !window.count(slot);
+  }
+  std::set<uint32_t> window_set() const {
+    auto w = order_.window(options_.horizon);
+    return {w.begin(), w.end()};
+  }
+  // Starts the D2H copy of a cold resident block. False when the host tier is full.
+  bool start_eviction(uint32_t slot);
+  // Maps the block's pages again and starts the H2D copy. With `reclaim`, evicts others
+  // (waiting) when memory is short.
+  Status start_fetch(uint32_t slot, bool reclaim);
+  // Completes copies whose events completed (all of them, waiting, with `wait`).
+  void complete_copies(bool wait);
+  void finish(uint32_t slot);
+  // Starts evictions of Belady victims until `bytes` more are on their way out; returns the
+  // bytes started.
+  uint64_t start_victims(uint64_t bytes, uint32_t except);
+  uint64_t reclaim_locked(uint64_t bytes, uint32_t except = UINT32_MAX);
+  void maybe_soft_evict();
+  void untrack(Slot& s, uint32_t slot);
+  void drop_deferred(bool wait);
+  void update_peaks();
+
+  pool::DevicePool& pool_;
+  const EngineOptions options_;
+  const int device_;
+  cuda::Stream d2h_, h2d_;
+  cuda::EventPool events_;
+  HostTier host_;
+
+  mutable std::mutex mu_;
+  std::vector<Slot> slots_;
+  std::vector<uint32_t> free_slots_;
+  std::map<uintptr_t, uint32_t> by_addr_;
+  // The live tagged blocks' addresses again, under their own lock, for is_tagged().
+  mutable std::mutex tagged_mu_;
+  std::set<uintptr_t> tagged_;
+  std::vector<uint32_t> in_flight_;
+  std::vector<Deferred> deferred_;
+  std::set<cudaStream_t> streams_;  // streams seen, for the capture check
+  policy::UseOrder order_;
+  uint64_t graph_ = 1, seq_ = 0;
+
+  EngineStats st_;
+};
+
+Engine::Impl::Impl(pool::DevicePool& pool, const EngineOptions& options)
+    : pool_(pool),
+      options_(options),
+      device_(pool.device()),
+      d2h_(cuda::Stream::create(pool.device())),
+      h2d_(cuda::Stream::create(pool.device(), cuda::greatest_priority(pool.device()))),
+      events_(pool.device()),
+      host_(HostTierOptions{options.host_limit_bytes, 0, pool.device()}) {}
+
+void Engine::Impl::update_peaks() {
+  st_.peak_host_bytes = std::max(st_.peak_host_bytes, host_.used_bytes());
+}
+
+void* Engine::Impl::allocate_tagged(size_t size, cudaStream_t stream, std::string* error) {
+  // The pool may call reclaim() (our lock) from here: not under mu_.
+  void* p = pool_.allocate_own_span(size, stream, error);
+  if (!p) {
+    if (!error->empty()) *error += " " + pressure_report();
+    return nullptr;
+  }
+  std::lock_guard lock(mu_);
+  uint32_t slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    slot = uint32_t(slots_.size());
+    slots_.emplace_back();
+  }
+  Slot& s = slots_[slot];
+  s.live = true;
+  s.addr = reinterpret_cast<uintptr_t>(p);
+  s.requested = size;
+  const uint64_t g = pool_.granularity();
+  s.placed = (size + g - 1) / g * g;
+  s.residency = Residency::kResident;
+  by_addr_[s.addr] = slot;
+  {
+    std::lock_guard tlock(tagged_mu_);
+    tagged_.insert(s.addr);
+  }
+  st_.tagged_bytes += s.placed;
+  st_.tagged_waste_bytes += s.placed - s.requested;
+  note_stream(stream);
+  complete_copies(false);
+  maybe_soft_evict();
+  update_peaks();
+  return p;
+}
+
+void Engine::Impl::untrack(Slot& s, uint32_t slot) {
+  if (s.packs > 0) {
+    order_.erase(s.key, slot);
+    --st_.num_tracked_blocks;
+  }
+  s.packs = 0;
+  s.cold = false;
+  s.unpacked = false;
+  if (s.cold_event) events_.release(std::move(s.cold_event));
+  ++s.generation;  // every handle of this block is stale from now on
+}
+
+pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
+  std::lock_guard lock(mu_);
+  auto it = by_addr_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == by_addr_.end()) return {false, "not a live tagged block"};
+  const uint32_t slot = it->second;
+  Slot& s = slots_[slot];
+  complete_copies(false);
+  switch (s.residency) {
+    case Residency::kResident:
+      break;
+    case Residency::kEvicted:
+      host_.free(s.host);
+      st_.evicted_bytes -= s.placed;
+      break;
+    case Residency::kEvicting:
+    case Residency::kFetching:
+      // A copy still reads or writes the block: the pool must not reuse it before the
+      // copy stream is done, and the host buffer must outlive the copy.
+      pool_.record_stream(ptr, s.residency == Residency::kEvicting ? d2h_.get() : h2d_.get());
+      deferred_.push_back({s.host, std::move(s.copy_event)});
+      std::erase(in_flight_, slot);
+      st_.in_flight_bytes -= s.placed;
+      if (s.residency == Residency::kFetching) st_.evicted_bytes -= s.placed;
+      break;
+  }
+  s.host = nullptr;
+  untrack(s, slot);
+  s.live = false;
+  s.residency = Residency::kResident;
+  by_addr_.erase(it);
+  {
+    std::lock_guard tlock(tagged_mu_);
+    tagged_.erase(reinterpret_cast<uintptr_t>(ptr));
+  }
+  free_slots_.push_back(slot);
+  st_.tagged_bytes -= s.placed;
+  st_.tagged_waste_bytes -= s.placed - s.requested;
+  return pool_.deallocate(ptr, stream);
+}
+
+uint64_t Engine::Impl::pack(const void* ptr, cudaStream_t stream) {
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard lock(mu_);
+  auto it = by_addr_.upper_bound(addr);
+  if (it == by_addr_.begin()) return 0;
+  --it;
+  const uint32_t slot = it->second;
+  Slot& s = slots_[slot];
+  if (addr - s.addr >= s.placed) return 0;
+  note_stream(stream);
+  const policy::UseKey key{graph_, ++seq_};
+  if (s.packs == 0) {
+    s.key = key;
+    order_.insert(key, slot);
+    ++st_.num_tracked_blocks;
+  } else if (policy::needed_before(key, s.key)) {
+    // Saved again: needed at the earliest of its saves (the latest one, in backward).
+    order_.erase(s.key, slot);
+    s.key = key;
+    order_.insert(key, slot);
+  }
+  ++s.packs;
+  return handle_of(slot);
+}
+
+Slot* Engine::Impl::resolve(uint64_t handle, const char* what, std::string* error) {
+  const uint32_t slot = uint32_t((handle >> kSlotShift) & kSlotMask);
+  const uint32_t generation = uint32_t(handle);
+  if (handle == 0) {
+    *error = std::string(what) + ": handle 0 names no block (pack returned 0: the block is not offloadable)";
+    return nullptr;
+  }
+  if (int(handle >> kDeviceShift) != device_ || slot >= slots_.size()) {
+    *error = std::string(what) + ": handle " + hex(handle) + " was not given out by vramswap";
+    return nullptr;
+  }
+  Slot& s = slots_[slot];
+  if (!s.live || s.generation != generation || s.packs == 0) {
+    *error = std::string(what) + ": handle " + hex(handle) +
+             " is stale: its block was released or freed since it was packed";
+    return nullptr;
+  }
+  return &s;
+}
+
+Status Engine::Impl::mark_cold(uint64_t handle, cudaStream_t stream) {
+  std::lock_guard lock(mu_);
+  std::string error;
+  Slot* s = resolve(handle, "mark_cold", &error);
+  if (!s) return {false, error};
+  note_stream(stream);
+  if (!s->cold_event) s->cold_event = events_.acquire();
+  s->cold_event.record(stream);  // everything that could still touch the block is before it
+  s->cold = true;
+  s->unpacked = false;
+  complete_copies(false);
+  maybe_soft_evict();
+  return {};
+}
+
+Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
+  std::lock_guard lock(mu_);
+  std::string error;
+  Slot* s = resolve(handle, "unpack", &error);
+  if (!s) return {false, error};
+  const uint32_t slot = uint32_t((handle >> kSlotShift) & kSlotMask);
+  note_stream(stream);
+  complete_copies(false);
+  switch (s->residency) {
+    case Residency::kResident:
+      break;
+    case Residency::kEvicting:
+      s->cancel = true;  // its pages are still mapped and hold the data
+      break;
+    case Residency::kEvicted: {
+      if (any_capturing())
+        return {false, "unpack of an evicted block (" + hex(s->addr) +
+                           ") while a stream is capturing a CUDA graph: it cannot be fetched now"};
+      ++st_.num_faults;
+      Status r = start_fetch(slot, true);
+      if (!r.ok) return r;
+      break;
+    }
+    case Residency::kFetching:
+      if (!s->copy_event.query()) ++st_.num_late_prefetches;
+      break;
+  }
+  s = &slots_[slot];  // start_fetch may have grown nothing, but keep the reference honest
+  if (s->residency == Residency::kFetching) cuda::wait_event(stream, s->copy_event);
+  s->unpacked = true;
+  s->cold = false;
+  order_.set_cursor(s->key);
+  // Prefetch the window; make room for it by evicting what is needed furthest away.
+  if (options_.horizon > 0 && !any_capturing()) {
+    for (uint32_t next : order_.window(options_.horizon)) {
+      Slot& n = slots_[next];
+      if (n.residency == Residency::kEvicting) {
+        n.cancel = true;
+      } else if (n.residency == Residency::kEvicted) {
+        if (!start_fetch(next, false).ok) {
+          start_victims(n.placed, next);  // for the fault or prefetch that comes next
+          break;
+        }
+        ++st_.num_prefetches;
+      }
+    }
+  }
+  update_peaks();
+  return {};
+}
+
+Status Engine::Impl::release(uint64_t handle) {
+  std::lock_guard lock(mu_);
+  std::string error;
+  Slot* s = resolve(handle, "release", &error);
+  if (!s) return {false, error};
+  const uint32_t slot = uint32_t((handle >> kSlotShift) & kSlotMask);
+  if (s->packs > 1) {
+    --s->packs;
+    return {};
+  }
+  // It becomes an ordinary block again: resident. Released without an unpack (backward did
+  // not need it) it may be on the host: bring it back first, waiting, so that nothing is
+  // lost; if that is refused the block stays packed and the handle valid.
+  if (s->residency == Residency::kEvicting) s->cancel = true;
+  if (s->residency == Residency::kEvicted) {
+    Status r = start_fetch(slot, true);
+    if (!r.ok) return {false, "release: " + r.message + "; the block stays packed, its handle valid"};
+  }
+  if (slots_[slot].residency == Residency::kFetching) {
+    slots_[slot].copy_event.synchronize();
+    complete_copies(false);
+  }
+  untrack(slots_[slot], slot);
+  return {};
+}
+
+Status Engine::Impl::prefetch(uint64_t handle) {
+  std::lock_guard lock(mu_);
+  std::string error;
+  Slot* s = resolve(handle, "prefetch", &error);
+  if (!s) return {false, error};
+  const uint32_t slot = uint32_t((handle >> kSlotShift) & kSlotMask);
+  complete_copies(false);
+  if (s->residency == Residency::kEvicting) s->cancel = true;
+  if (s->residency != Residency::kEvicted) return {};
+  if (any_capturing()) return {false, "prefetch: a stream is capturing a CUDA graph; nothing is copied now"};
+  Status r = start_fetch(slot, false);
+  if (r.ok) ++st_.num_prefetches;
+  return r;
+}
+
+bool Engine::Impl::any_capturing() {
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    try {
+      if (cuda::is_capturing(*it)) return true;
+      ++it;
+    } catch (const cuda::CudaError&) {
+      it = streams_.erase(it);  // destroyed since we saw it
+    }
+  }
+  return false;
+}
+
+bool Engine::Impl::start_eviction(uint32_t slot) {
+  Slot& s = slots_[slot];
+  std::string error;
+  void* host = host_.allocate(s.requested, &error);
+  if (!host) return false;
+  cuda::wait_event(d2h_.get(), s.cold_event);
+  cuda::copy_async(host, reinterpret_cast<void*>(s.addr), s.requested, d2h_.get());
+  s.copy_event = events_.acquire();
+  s.copy_event.record(d2h_.get());
+  s.host = host;
+  s.cancel = false;
+  s.residency = Residency::kEvicting;
+  in_flight_.push_back(slot);
+  st_.in_flight_bytes += s.placed;
+  update_peaks();
+  return true;
+}
+
+Status Engine::Impl::start_fetch(uint32_t slot, bool reclaim) {
+  Slot& s = slots_[slot];
+  pool::Result mapped = pool_.map_block(reinterpret_cast<void*>(s.addr));
+  if (!mapped.ok && reclaim) {
+    reclaim_locked(s.placed, slot);
+    mapped = pool_.map_block(reinterpret_cast<void*>(s.addr));
+  }
+  if (!mapped.ok)
+    return {false, "cannot bring block " + hex(s.addr) + " (" + format_size(s.placed) +
+                       ") back to the device: " + mapped.message};
+  cuda::copy_async(reinterpret_cast<void*>(s.addr), s.host, s.requested, h2d_.get());
+  s.copy_event = events_.acquire();
+  s.copy_event.record(h2d_.get());
+  s.residency = Residency::kFetching;
+  in_flight_.push_back(slot);
+  st_.in_flight_bytes += s.placed;
+  st_.bytes_prefetched_total += s.requested;
+  return {};
+}
+
+void Engine::Impl::finish(uint32_t slot) {
+  Slot& s = slots_[slot];
+  st_.in_flight_bytes -= s.placed;
+  if (s.residency == Residency::kEvicting) {
+    if (s.cancel) {  // wanted again before the copy ended: it never left
+      host_.free(s.host);
+      s.host = nullptr;
+      s.residency = Residency::kResident;
+    } else {
+      if (options_.verify) s.checksum = checksum(s.host, s.requested);
+      pool::Result r = pool_.unmap_block(reinterpret_cast<void*>(s.addr));
+      if (!r.ok) throw cuda::CudaError("eviction of " + hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
+      s.residency = Residency::kEvicted;
+      st_.evicted_bytes += s.placed;
+      st_.bytes_evicted_total += s.requested;
+      ++st_.num_evictions;
+    }
+  } else {  // a fetch
+    if (options_.verify) {
+      // Read the restored device memory back and compare it with what was evicted.
+      std::string error;
+      void* check = host_.allocate(s.requested, &error);
+      if (check) {
+        cuda::copy_async(check, reinterpret_cast<void*>(s.addr), s.requested, d2h_.get());
+        cuda::Event done = events_.acquire();
+        done.record(d2h_.get());
+        done.synchronize();
+        events_.release(std::move(done));
+        const uint64_t got = checksum(check, s.requested);
+        host_.free(check);
+        if (got != s.checksum) {
+          ++st_.num_verify_failures;
+          std::fprintf(stderr,
+                       "vramswap: error: VRAMSWAP_VERIFY: block %s (%llu bytes) on device %d came back "
+                       "different from what was evicted (checksum %s, expected %s)\n",
+                       hex(s.addr).c_str(), static_cast<unsigned long long>(s.requested), device_, hex(got).c_str(),
+                       hex(s.checksum).c_str());
+        }
+      }
+    }
+    host_.free(s.host);
+    s.host = nullptr;
+    s.residency = Residency::kResident;
+    st_.evicted_bytes -= s.placed;
+  }
+  events_.release(std::move(s.copy_event));
+}
+
+void Engine::Impl::complete_copies(bool wait) {
+  drop_deferred(wait);
+  for (size_t i = 0; i < in_flight_.size();) {
+    const uint32_t slot = in_flight_[i];
+    Slot& s = slots_[slot];
+    if (wait) s.copy_event.synchronize();
+    else if (!s.copy_event.query()) {
+      ++i;
+      continue;
+    }
+    in_flight_[i] = in_flight_.back();
+    in_flight_.pop_back();
+    finish(slot);
+  }
+}
+
+void Engine::Impl::drop_deferred(bool wait) {
+  for (size_t i = 0; i < deferred_.size();) {
+    if (wait) deferred_[i].event.synchronize();
+    else if (!deferred_[i].event.query()) {
+      ++i;
+      continue;
+    }
+    host_.free(deferred_[i].host);
+    events_.release(std::move(deferred_[i].event));
+    deferred_[i] = std::move(deferred_.back());
+    deferred_.pop_back();
+  }
+}
+
+uint64_t Engine::Impl::start_victims(uint64_t bytes, uint32_t except) {
+  const std::set<uint32_t> window = window_set();
+  uint64_t started = 0;
+  for (uint32_t slot : order_.furthest_first()) {
+    if (started >= bytes) break;
+    if (slot == except || !evictable(slot, window)) continue;
+    if (!start_eviction(slot)) break;  // the host tier is full
+    started += slots_[slot].placed;
+  }
+  return started;
+}
+
+uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, uint32_t except) {
+  if (any_capturing()) return 0;
+  uint64_t on_the_way = 0;  // evictions already in flight free their pages too
+  for (uint32_t slot : in_flight_)
+    if (slots_[slot].residency == Residency::kEvicting && !slots_[slot].cancel) on_the_way += slots_[slot].placed;
+  if (on_the_way < bytes) start_victims(bytes - on_the_way, except);
+  const uint64_t evicted_before = st_.evicted_bytes;
+  complete_copies(true);
+  return st_.evicted_bytes > evicted_before ? st_.evicted_bytes - evicted_before : 0;
+}
+
+void Engine::Impl::maybe_soft_evict() {
+  if (options_.soft_limit_bytes == 0) return;
+  const uint64_t resident = pool_.stats().mapped_bytes;
+  uint64_t leaving = 0;
+  for (uint32_t slot : in_flight_)
+    if (slots_[slot].residency == Residency::kEvicting && !slots_[slot].cancel) leaving += slots_[slot].placed;
+  if (resident <= options_.soft_limit_bytes + leaving) return;
+  if (any_capturing()) return;
+  start_victims(resident - options_.soft_limit_bytes - leaving, UINT32_MAX);
+}
+
+std::string Engine::Impl::pressure_report() const {
+  const EngineStats s = stats();
+  const pool::PoolStats ps = pool_.stats();
+  const uint64_t untagged = ps.allocated_bytes > s.tagged_bytes ? ps.allocated_bytes - s.tagged_bytes : 0;
+  const uint64_t tagged_resident = s.tagged_bytes > s.evicted_bytes ? s.tagged_bytes - s.evicted_bytes : 0;
+  return "Offload: " + format_size(tagged_resident) + " tagged and resident, " + format_size(untagged) +
+         " untagged, " + format_size(s.evictable_bytes) + " evictable (cold, outside the prefetch window of " +
+         std::to_string(options_.horizon) + "), " + format_size(s.in_flight_bytes) + " in flight, " +
+         format_size(s.evicted_bytes) + " on the host; host tier " + format_size(s.host_bytes) + " used of " +
+         format_size(host_.limit_bytes()) + ".";
+}
+
+EngineStats Engine::Impl::stats() const {
+  std::lock_guard lock(mu_);
+  EngineStats s = st_;
+  const pool::PoolStats ps = pool_.stats();
+  s.resident_bytes = ps.mapped_bytes;
+  s.peak_resident_bytes = ps.peak_mapped_bytes;
+  s.host_bytes = host_.used_bytes();
+  s.peak_host_bytes = std::max(s.peak_host_bytes, s.host_bytes);
+  const std::set<uint32_t> window = window_set();
+  for (uint32_t slot = 0; slot < slots_.size(); ++slot)
+    if (evictable(slot, window)) s.evictable_bytes += slots_[slot].placed;
+  return s;
+}
+
+void Engine::Impl::reset_peaks() {
+  std::lock_guard lock(mu_);
+  st_.peak_host_bytes = host_.used_bytes();
+}
+
+Engine::Engine(pool::DevicePool& pool, const EngineOptions& options)
+    : impl_(std::make_unique<Impl>(pool, options)) {
+  pool.set_reclaimer([impl = impl_.get()](uint64_t bytes) { return impl->reclaim(bytes); });
+}
+Engine::~Engine() { impl_->detach(); }
+void* Engine::allocate_tagged(size_t size, cudaStream_t stream, std::string* error) {
+  return impl_->allocate_tagged(size, stream, error);
+}
+bool Engine::is_tagged(const void* ptr) const { return impl_->is_tagged(ptr); }
+pool::Result Engine::free_tagged(void* ptr, cudaStream_t stream) { return impl_->free_tagged(ptr, stream); }
+uint64_t Engine::pack(const void* ptr, cudaStream_t stream) { return impl_->pack(ptr, stream); }
+void Engine::graph_begin() { impl_->graph_begin(); }
+Status Engine::mark_cold(uint64_t h, cudaStream_t stream) { return impl_->mark_cold(h, stream); }
+Status Engine::unpack(uint64_t h, cudaStream_t stream) { return impl_->unpack(h, stream); }
+Status Engine::release(uint64_t h) { return impl_->release(h); }
+Status Engine::prefetch(uint64_t h) { return impl_->prefetch(h); }
+uint64_t Engine::reclaim(uint64_t bytes) { return impl_->reclaim(bytes); }
+EngineStats Engine::stats() const { return impl_->stats(); }
+void Engine::trim_host() { impl_->trim_host(); }
+std::string Engine::pressure_report() const { return impl_->pressure_report(); }
+void Engine::reset_peaks() { impl_->reset_peaks(); }
+int Engine::handle_device(uint64_t handle) { return handle == 0 ? -1 : int(handle >> kDeviceShift); }
+
+}  // namespace vramswap::residency

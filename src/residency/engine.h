@@ -1,0 +1,149 @@
+// residency::Engine: moves cold tagged blocks of one device to pinned host memory when
+// memory is short, and brings them back before backward needs them. DESIGN.md
+// ("Residency") is the plan; this is its mechanism.
+//
+// Note [Block states]
+// -------------------
+//   resident --pack--> packed --mark_cold--> cold --evict--> evicting --copy done--> evicted
+//      ^                  ^                   |                  |                      |
+//      |                  +---- unpack -------+                  | unpack/prefetch:     | prefetch /
+//      |                                                         | cancel (still there) | unpack
+//   release                                                      v                      v
+//      +----------------- in use (after unpack) <---- unpack ---------- fetching <------+
+//
+// * A tagged block lives on its own granules (pool::DevicePool::allocate_own_span), so its
+//   pages can be unmapped without touching any other block; the VA stays reserved and the
+//   device pointer never changes.
+// * pack() gives the block a handle (one per block: packing it again returns the same
+//   handle and counts one more reference) and its place in the predicted order of use:
+//   backward runs graphs oldest first and, within a graph, last-saved first.
+// * mark_cold() records an event on the caller's stream: every kernel that could still
+//   touch the block was queued before it. Only cold blocks are evicted.
+// * Eviction: the D2H copy stream waits for the cold event, copies the block into a host
+//   tier buffer and records the copy event. Once that event has completed (found by
+//   polling at the next call, or waited for when memory is needed now) the pages are
+//   unmapped and become the pool's spare pages, reused before any new page is created.
+//   Victims are chosen by Belady's rule: the cold block needed furthest in the future,
+//   never one of the next `horizon` blocks (the prefetch window).
+// * unpack() makes the contents valid for work queued on the caller's stream after the
+//   call: an evicted block is fetched now (a fault); a fetching one makes the stream wait
+//   for the fetch event (late if that event has not completed yet); an evicting one just
+//   cancels the eviction (its pages are still mapped). The host blocks only when pages
+//   must first be freed by evicting others. Then the next `horizon` blocks in predicted
+//   order are prefetched on the H2D copy stream.
+// * Handles are 64 bits: device (8) | slot (24) | generation (32). A stale handle (its
+//   block released or freed), a foreign one, or 0 is refused with a message.
+// * No eviction and no prefetch while any stream the engine has seen is capturing a CUDA
+//   graph (the copies and event waits would join or break the capture).
+//
+// Thread safety: one mutex per engine guards its state. It is held while copies are
+// queued and, when memory is needed at once, while waiting for eviction copies to
+// complete (so other threads' calls on this device wait too: that only happens when the
+// alternative is an out-of-memory). The engine calls the pool (its own lock) under the
+// engine's mutex; the pool calls the engine (the reclaimer) with no pool lock held, and
+// the engine never allocates from the pool under its own lock, so the two never wait for
+// each other.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "pool/device_pool.h"
+#include "residency/host_tier.h"
+
+namespace vramswap::residency {
+
+struct EngineOptions {
+  uint64_t soft_limit_bytes = 0;   // resident bytes above which cold blocks are evicted
+                                   // asynchronously; 0: no soft limit
+  uint64_t host_limit_bytes = 0;   // the host tier's cap; 0: its default
+  int horizon = 4;                 // blocks prefetched ahead, and protected from eviction
+  bool verify = false;             // checksum at eviction, checked at restore
+};
+
+struct EngineStats {
+  uint64_t resident_bytes = 0;        // mapped device memory of the pool (all blocks)
+  uint64_t peak_resident_bytes = 0;   // the pool's peak (reset with the pool's peaks)
+  uint64_t tagged_bytes = 0;          // live tagged blocks, as placed (whole granules)
+  uint64_t evictable_bytes = 0;       // cold, resident, outside the prefetch window
+  uint64_t evicted_bytes = 0;         // on the host now (evicted or fetching)
+  uint64_t in_flight_bytes = 0;       // being copied either way
+  uint64_t host_bytes = 0;            // host tier in use
+  uint64_t peak_host_bytes = 0;
+  uint64_t bytes_evicted_total = 0;
+  uint64_t bytes_prefetched_total = 0;
+  uint64_t num_evictions = 0;
+  uint64_t num_prefetches = 0;
+  uint64_t num_faults = 0;            // unpack found the block neither resident nor in flight
+  uint64_t num_late_prefetches = 0;   // unpack found its fetch still in flight
+  uint64_t num_verify_failures = 0;
+  uint64_t tagged_waste_bytes = 0;    // placed minus requested, over live tagged blocks
+  uint64_t num_tracked_blocks = 0;    // blocks with a live handle
+};
+
+struct Status {
+  bool ok = true;
+  std::string message;
+};
+
+class Engine {
+ public:
+  // The engine of `pool`'s device. Creates the copy streams and the host tier, and installs
+  // itself as the pool's reclaimer. Throws cuda::CudaError.
+  Engine(pool::DevicePool& pool, const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // A tagged block (own span, whole granules) of `size` bytes for `stream`: nullptr with
+  // *error set as pool::DevicePool::allocate. May evict asynchronously past the soft limit.
+  // Thread-safe.
+  void* allocate_tagged(size_t size, cudaStream_t stream, std::string* error);
+
+  // True when `ptr` is the start of a live tagged block. Thread-safe.
+  bool is_tagged(const void* ptr) const;
+
+  // Frees a tagged block in any state (an eviction or a fetch in flight is left to
+  // complete before the memory is reused; a host copy is dropped). Thread-safe.
+  pool::Result free_tagged(void* ptr, cudaStream_t stream);
+
+  // The handle of the tagged block holding `ptr` (any address inside it), or 0 when no live
+  // tagged block does. Records the save order within the current graph. Thread-safe.
+  uint64_t pack(const void* ptr, cudaStream_t stream);
+
+  // A new forward (graph) starts: later packs are needed after the earlier graphs'.
+  // Thread-safe.
+  void graph_begin();
+
+  Status mark_cold(uint64_t handle, cudaStream_t stream);
+  Status unpack(uint64_t handle, cudaStream_t stream);
+  Status release(uint64_t handle);
+  Status prefetch(uint64_t handle);
+
+  // Evicts cold blocks until at least `bytes` of device memory were freed, waiting for the
+  // copies (the pool's reclaimer). Returns the bytes freed. Thread-safe.
+  uint64_t reclaim(uint64_t bytes);
+
+  EngineStats stats() const;
+  void reset_peaks();
+
+  // Gives the host tier's unused pinned chunks back (cudaFreeHost synchronizes the device:
+  // call it where that is acceptable, as empty_cache). Thread-safe.
+  void trim_host();
+
+  // One sentence for an out-of-memory report: resident tagged, untagged, evictable and
+  // in-flight bytes, and the host tier's use. Thread-safe.
+  std::string pressure_report() const;
+
+  // The device of a handle (its top byte), for routing; -1 for 0.
+  static int handle_device(uint64_t handle);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace vramswap::residency

@@ -1,0 +1,347 @@
+// residency::Engine on cudasim: what Note [Block states] (src/residency/engine.h)
+// promises, driven as the autograd tracker drives it. Contents are written and read back
+// through copies on the compute stream, as kernels would, so a missing order shows up as a
+// wrong byte; touching an evicted block's pages faults (cudasim maps nothing there).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pool/device_pool.h"
+#include "residency/engine.h"
+
+namespace {
+
+using vramswap::pool::DevicePool;
+using vramswap::pool::PoolOptions;
+using vramswap::residency::Engine;
+using vramswap::residency::EngineOptions;
+using vramswap::residency::EngineStats;
+
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr size_t kBlock = 4 * kMiB;  // two granules
+
+#define ASSERT_CUDA_OK(call) ASSERT_EQ(cudaSuccess, (call)) << #call
+
+class EngineTest : public ::testing::Test {
+ protected:
+  // A pool limited to `limit` bytes and its engine.
+  void start(uint64_t limit, EngineOptions options = {}) {
+    if (options.host_limit_bytes == 0) options.host_limit_bytes = 512 * kMiB;
+    pool_ = std::make_unique<DevicePool>(PoolOptions{0, limit});
+    engine_ = std::make_unique<Engine>(*pool_, options);
+    ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  void TearDown() override {
+    if (stream_) cudaStreamSynchronize(stream_);
+    engine_.reset();
+    pool_.reset();
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  // A tagged block filled with `seed`'s pattern by a copy on the compute stream.
+  void* tagged(uint8_t seed, size_t size = kBlock) {
+    std::string error;
+    void* p = engine_->allocate_tagged(size, stream_, &error);
+    EXPECT_NE(nullptr, p) << error;
+    if (!p) return nullptr;
+    std::vector<uint8_t> pattern(size);
+    for (size_t i = 0; i < size; ++i) pattern[i] = uint8_t(seed + i * 7);
+    EXPECT_EQ(cudaSuccess, cudaMemcpyAsync(p, pattern.data(), size, cudaMemcpyHostToDevice, stream_));
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream_));
+    return p;
+  }
+  // Reads the block back on the compute stream (after an unpack) and checks the pattern.
+  ::testing::AssertionResult holds(void* p, uint8_t seed, size_t size = kBlock) {
+    std::vector<uint8_t> back(size);
+    if (cudaMemcpyAsync(back.data(), p, size, cudaMemcpyDeviceToHost, stream_) != cudaSuccess ||
+        cudaStreamSynchronize(stream_) != cudaSuccess)
+      return ::testing::AssertionFailure() << "the copy back failed";
+    for (size_t i = 0; i < size; ++i)
+      if (back[i] != uint8_t(seed + i * 7))
+        return ::testing::AssertionFailure() << "byte " << i << " is " << int(back[i]) << ", expected "
+                                             << int(uint8_t(seed + i * 7));
+    return ::testing::AssertionSuccess();
+  }
+  uint64_t pack_cold(void* p) {
+    uint64_t h = engine_->pack(p, stream_);
+    EXPECT_NE(0u, h);
+    EXPECT_TRUE(engine_->mark_cold(h, stream_).ok);
+    return h;
+  }
+  EngineStats stats() { return engine_->stats(); }
+
+  std::unique_ptr<DevicePool> pool_;
+  std::unique_ptr<Engine> engine_;
+  cudaStream_t stream_ = nullptr;
+};
+
+TEST_F(EngineTest, ColdBlocksMakeRoomAndComeBackIntact) {
+  start(24 * kMiB);  // room for six blocks, four of them the protected window
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  engine_->graph_begin();
+  for (int i = 0; i < 8; ++i) {  // twice what fits
+    void* p = tagged(uint8_t(i * 31 + 1));
+    ASSERT_NE(nullptr, p) << "block " << i << " found no room although earlier blocks are cold";
+    blocks.push_back(p);
+    handles.push_back(pack_cold(p));
+  }
+  EngineStats s = stats();
+  EXPECT_GT(s.num_evictions, 0u);
+  EXPECT_GT(s.evicted_bytes, 0u);
+  EXPECT_LE(s.resident_bytes, 24 * kMiB);
+  EXPECT_LE(s.peak_resident_bytes, 24 * kMiB);
+  // Backward: last saved first.
+  for (int i = 7; i >= 0; --i) {
+    ASSERT_TRUE(engine_->unpack(handles[size_t(i)], stream_).ok) << i;
+    EXPECT_TRUE(holds(blocks[size_t(i)], uint8_t(i * 31 + 1))) << "block " << i;
+    ASSERT_TRUE(engine_->release(handles[size_t(i)]).ok);
+    ASSERT_TRUE(engine_->free_tagged(blocks[size_t(i)], stream_).ok);
+  }
+  s = stats();
+  EXPECT_GT(s.num_prefetches + s.num_faults, 0u);
+  EXPECT_EQ(0u, s.tagged_bytes);
+  EXPECT_EQ(0u, s.evicted_bytes);
+  EXPECT_EQ(0u, s.host_bytes);
+  EXPECT_EQ(0u, s.num_tracked_blocks);
+}
+
+TEST_F(EngineTest, TheVictimIsTheBlockNeededFurthestAway) {
+  EngineOptions options;
+  options.horizon = 0;
+  start(12 * kMiB, options);  // three blocks
+  engine_->graph_begin();
+  void* first = tagged(1);
+  void* second = tagged(2);
+  void* third = tagged(3);
+  pack_cold(first);
+  pack_cold(second);
+  pack_cold(third);
+  ASSERT_NE(nullptr, tagged(4));  // needs one block's room
+  EngineStats s = stats();
+  EXPECT_EQ(1u, s.num_evictions);
+  // Backward needs `third` first and `first` last: `first` must be the one on the host.
+  // Its pages are gone, so a read of it through the pool would fault; the others still
+  // read at once without any unpack.
+  EXPECT_TRUE(holds(second, 2));
+  EXPECT_TRUE(holds(third, 3));
+}
+
+TEST_F(EngineTest, TheWindowIsNotEvicted) {
+  EngineOptions options;
+  options.horizon = 2;
+  start(12 * kMiB, options);
+  engine_->graph_begin();
+  void* a = tagged(1);
+  void* b = tagged(2);
+  void* c = tagged(3);
+  pack_cold(a);
+  pack_cold(b);
+  pack_cold(c);
+  // The window is c and b (needed first); only a may go.
+  ASSERT_NE(nullptr, tagged(4));
+  std::string error;
+  EXPECT_EQ(nullptr, engine_->allocate_tagged(kBlock, stream_, &error))
+      << "a second eviction would have to take a block of the window";
+  EXPECT_NE(std::string::npos, error.find("out of memory")) << error;
+  EXPECT_TRUE(holds(b, 2));
+  EXPECT_TRUE(holds(c, 3));
+}
+
+TEST_F(EngineTest, OnlyColdBlocksAreEvicted) {
+  EngineOptions options;
+  options.horizon = 0;  // nothing protected by the window: only coldness decides
+  start(8 * kMiB, options);
+  engine_->graph_begin();
+  void* a = tagged(1);
+  void* b = tagged(2);
+  ASSERT_NE(0u, engine_->pack(a, stream_));  // packed, never marked cold
+  ASSERT_NE(0u, engine_->pack(b, stream_));
+  std::string error;
+  EXPECT_EQ(nullptr, engine_->allocate_tagged(kBlock, stream_, &error));
+  EXPECT_EQ(0u, stats().num_evictions);
+  EXPECT_TRUE(holds(a, 1));
+  EXPECT_TRUE(holds(b, 2));
+}
+
+TEST_F(EngineTest, AFaultFetchesTheBlockWhenNothingWasPrefetched) {
+  EngineOptions options;
+  options.horizon = 0;  // no prefetch: every evicted block faults
+  start(8 * kMiB, options);
+  engine_->graph_begin();
+  void* a = tagged(1);
+  const uint64_t ha = pack_cold(a);
+  void* b = tagged(2);
+  const uint64_t hb = pack_cold(b);
+  void* c = tagged(3);  // evicts a (needed last)
+  ASSERT_NE(nullptr, c);
+  ASSERT_EQ(1u, stats().num_evictions);
+  ASSERT_TRUE(engine_->free_tagged(c, stream_).ok);
+  ASSERT_TRUE(engine_->unpack(hb, stream_).ok);
+  ASSERT_TRUE(engine_->unpack(ha, stream_).ok);
+  EXPECT_EQ(1u, stats().num_faults);
+  EXPECT_TRUE(holds(a, 1));
+  EXPECT_TRUE(holds(b, 2));
+}
+
+TEST_F(EngineTest, HandlesAreCheckedAndGoStale) {
+  start(16 * kMiB);
+  void* p = tagged(1);
+  const uint64_t h = engine_->pack(p, stream_);
+  ASSERT_NE(0u, h);
+  EXPECT_EQ(h, engine_->pack(static_cast<char*>(p) + 1000, stream_)) << "one handle per block, any address in it";
+  EXPECT_FALSE(engine_->unpack(0, stream_).ok);
+  EXPECT_FALSE(engine_->mark_cold(h ^ 0x00ffffff00000000ull, stream_).ok) << "a slot never given out";
+  EXPECT_TRUE(engine_->release(h).ok);
+  EXPECT_TRUE(engine_->unpack(h, stream_).ok) << "packed twice: one release leaves it packed";
+  EXPECT_TRUE(engine_->release(h).ok);
+  vramswap::residency::Status r = engine_->unpack(h, stream_);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(std::string::npos, r.message.find("stale")) << r.message;
+  const uint64_t again = engine_->pack(p, stream_);
+  EXPECT_NE(h, again) << "a new pack after the release is a new handle";
+  ASSERT_TRUE(engine_->free_tagged(p, stream_).ok);
+  EXPECT_FALSE(engine_->release(again).ok) << "freed: stale";
+  EXPECT_EQ(0u, engine_->pack(p, stream_)) << "not a live tagged block any more";
+}
+
+TEST_F(EngineTest, FreeInEveryStateLosesNothingAndLeaksNothing) {
+  EngineOptions options;
+  options.horizon = 0;
+  start(8 * kMiB, options);
+  engine_->graph_begin();
+  void* a = tagged(1);
+  pack_cold(a);
+  void* b = tagged(2);
+  pack_cold(b);
+  void* c = tagged(3);  // evicts a
+  ASSERT_NE(nullptr, c);
+  ASSERT_EQ(1u, stats().num_evictions);
+  ASSERT_TRUE(engine_->free_tagged(a, stream_).ok) << "evicted";
+  ASSERT_TRUE(engine_->free_tagged(b, stream_).ok) << "cold, resident";
+  ASSERT_TRUE(engine_->free_tagged(c, stream_).ok) << "resident, never packed";
+  EngineStats s = stats();
+  EXPECT_EQ(0u, s.host_bytes);
+  EXPECT_EQ(0u, s.tagged_bytes);
+  EXPECT_EQ(0u, s.evicted_bytes);
+  EXPECT_FALSE(engine_->free_tagged(a, stream_).ok) << "double free";
+  // The memory is usable again, all of it.
+  void* d = tagged(4, 8 * kMiB);
+  ASSERT_NE(nullptr, d);
+  EXPECT_TRUE(holds(d, 4, 8 * kMiB));
+  ASSERT_TRUE(engine_->free_tagged(d, stream_).ok);
+}
+
+TEST_F(EngineTest, SoftLimitEvictsWithoutAnAllocationWaiting) {
+  EngineOptions options;
+  options.soft_limit_bytes = 8 * kMiB;
+  options.horizon = 0;
+  start(32 * kMiB, options);
+  engine_->graph_begin();
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(tagged(uint8_t(i + 1)));
+    pack_cold(blocks.back());
+  }
+  ASSERT_TRUE(cudaStreamSynchronize(stream_) == cudaSuccess);
+  // Nothing had to wait; the copies complete in the background and are reaped on the next
+  // call. Any call will do.
+  cudaDeviceSynchronize();
+  void* small = tagged(9, kMiB);
+  EngineStats s = stats();
+  EXPECT_GT(s.num_evictions, 0u);
+  EXPECT_LE(s.resident_bytes, 8 * kMiB + 2 * kMiB + 4 * kMiB);
+  ASSERT_TRUE(engine_->free_tagged(small, stream_).ok);
+}
+
+TEST_F(EngineTest, VerifyFindsNothingWrongWithAnHonestRoundTrip) {
+  EngineOptions options;
+  options.verify = true;
+  options.horizon = 1;
+  start(8 * kMiB, options);
+  engine_->graph_begin();
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(tagged(uint8_t(i * 13)));
+    handles.push_back(pack_cold(blocks.back()));
+  }
+  ASSERT_GT(stats().num_evictions, 0u);
+  for (int i = 3; i >= 0; --i) {
+    ASSERT_TRUE(engine_->unpack(handles[size_t(i)], stream_).ok);
+    EXPECT_TRUE(holds(blocks[size_t(i)], uint8_t(i * 13)));
+    ASSERT_TRUE(engine_->release(handles[size_t(i)]).ok);  // backward is done with it
+    ASSERT_TRUE(engine_->free_tagged(blocks[size_t(i)], stream_).ok);
+  }
+  cudaDeviceSynchronize();
+  void* poke = tagged(0, kMiB);  // reaps the last copies
+  EXPECT_EQ(0u, stats().num_verify_failures);
+  EXPECT_GT(stats().num_prefetches + stats().num_faults, 0u);
+  ASSERT_TRUE(engine_->free_tagged(poke, stream_).ok);
+}
+
+TEST_F(EngineTest, NothingIsEvictedWhileAStreamCaptures) {
+  EngineOptions options;
+  options.horizon = 0;
+  start(8 * kMiB, options);
+  engine_->graph_begin();
+  void* a = tagged(1);
+  pack_cold(a);
+  void* b = tagged(2);
+  pack_cold(b);
+  cudaStream_t capturing;
+  ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+  ASSERT_NE(0u, engine_->pack(a, capturing));  // the engine now knows this stream
+  ASSERT_CUDA_OK(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
+  std::string error;
+  EXPECT_EQ(nullptr, engine_->allocate_tagged(kBlock, stream_, &error));
+  EXPECT_EQ(0u, stats().num_evictions);
+  cudaGraph_t graph = nullptr;
+  ASSERT_CUDA_OK(cudaStreamEndCapture(capturing, &graph));
+  cudaGraphDestroy(graph);
+  void* c = engine_->allocate_tagged(kBlock, stream_, &error);
+  EXPECT_NE(nullptr, c) << "after the capture the cold blocks can go: " << error;
+  EXPECT_GT(stats().num_evictions, 0u);
+  cudaStreamDestroy(capturing);
+}
+
+TEST_F(EngineTest, WasteIsTheRoundingToWholeGranules) {
+  start(64 * kMiB);
+  void* p = tagged(1, 3 * kMiB + 100);
+  EngineStats s = stats();
+  EXPECT_EQ(4 * kMiB, s.tagged_bytes);
+  EXPECT_EQ(4 * kMiB - (3 * kMiB + 100), s.tagged_waste_bytes);
+  ASSERT_TRUE(engine_->free_tagged(p, stream_).ok);
+  EXPECT_EQ(0u, stats().tagged_waste_bytes);
+}
+
+}  // namespace
+
+namespace {
+
+// An evicted block keeps its address but has no pages: a touch faults, as a GPU kernel
+// reading it would raise an illegal address. So nothing can silently read stale memory.
+TEST_F(EngineTest, AnEvictedBlockHasNoPagesUnderItsAddress) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        EngineOptions options;
+        options.horizon = 0;
+        start(8 * kMiB, options);
+        engine_->graph_begin();
+        void* a = tagged(1);
+        pack_cold(a);
+        void* b = tagged(2);
+        pack_cold(b);
+        if (tagged(3) == nullptr || stats().num_evictions != 1) std::_Exit(3);  // not the fault we test
+        *static_cast<volatile unsigned char*>(a) = 0;
+      },
+      ::testing::KilledBySignal(SIGSEGV), "illegal address");
+}
+
+}  // namespace
