@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <memory>
@@ -342,6 +343,67 @@ TEST_F(EngineTest, AnEvictedBlockHasNoPagesUnderItsAddress) {
         *static_cast<volatile unsigned char*>(a) = 0;
       },
       ::testing::KilledBySignal(SIGSEGV), "illegal address");
+}
+
+}  // namespace
+
+namespace {
+
+// "With horizon >= 2 and copies faster than compute, num_faults == 0": each backward step
+// computes (a host function holding the compute stream) long enough for the prefetches
+// queued by the unpack before it to land.
+void hold_stream(void*) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
+TEST_F(EngineTest, PrefetchAheadOfComputeMeansNoFault) {
+  EngineOptions options;
+  options.horizon = 2;
+  start(24 * kMiB, options);  // six blocks: two of them the window
+  engine_->graph_begin();
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  for (int i = 0; i < 10; ++i) {
+    blocks.push_back(tagged(uint8_t(i * 17 + 3)));
+    ASSERT_NE(nullptr, blocks.back());
+    handles.push_back(pack_cold(blocks.back()));
+  }
+  ASSERT_GT(stats().num_evictions, 0u);
+  for (int i = 9; i >= 0; --i) {
+    ASSERT_TRUE(engine_->unpack(handles[size_t(i)], stream_).ok);
+    ASSERT_CUDA_OK(cudaLaunchHostFunc(stream_, hold_stream, nullptr));  // this layer's backward
+    EXPECT_TRUE(holds(blocks[size_t(i)], uint8_t(i * 17 + 3))) << "block " << i;
+    ASSERT_TRUE(engine_->release(handles[size_t(i)]).ok);
+    ASSERT_TRUE(engine_->free_tagged(blocks[size_t(i)], stream_).ok);
+  }
+  EngineStats s = stats();
+  EXPECT_EQ(0u, s.num_faults);
+  EXPECT_GT(s.num_prefetches, 0u);
+  EXPECT_LE(s.peak_resident_bytes, 24 * kMiB);
+}
+
+// "With no pressure, offloading costs nothing": no copy is made unless memory is needed.
+TEST_F(EngineTest, NoPressureNoCopies) {
+  start(0);  // the whole card
+  engine_->graph_begin();
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  for (int i = 0; i < 8; ++i) {
+    blocks.push_back(tagged(uint8_t(i)));
+    handles.push_back(pack_cold(blocks.back()));
+  }
+  for (int i = 7; i >= 0; --i) {
+    ASSERT_TRUE(engine_->unpack(handles[size_t(i)], stream_).ok);
+    ASSERT_TRUE(engine_->release(handles[size_t(i)]).ok);
+    ASSERT_TRUE(engine_->free_tagged(blocks[size_t(i)], stream_).ok);
+  }
+  EngineStats s = stats();
+  EXPECT_EQ(0u, s.bytes_evicted_total);
+  EXPECT_EQ(0u, s.bytes_prefetched_total);
+  EXPECT_EQ(0u, s.num_faults);
+  EXPECT_EQ(0u, s.peak_host_bytes);
 }
 
 }  // namespace
