@@ -252,38 +252,27 @@ CUresult impl_cuStreamEndCapture(CUstream h, CUgraph* g, bool pt) { return end_c
 CUresult impl_cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus* st, bool pt) { return is_capturing(h, st, pt); }
 CUresult impl_cuGraphLaunch(CUgraphExec x, CUstream h, bool pt) { return graph_launch(x, h, pt); }
 
-CUresult stream_property(CUstream h, bool pt, std::shared_ptr<Stream>* out) {
+// A property of the stream a handle names, read by `get`.
+template <class T, class Get>
+CUresult stream_property(CUstream h, bool pt, T* out, Get get) {
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
   CUresult err;
-  *out = resolve_stream(h, pt, &err);
-  return err;
+  auto s = resolve_stream(h, pt, &err);
+  if (!s) return err;
+  *out = get(*s);
+  return CUDA_SUCCESS;
 }
 CUresult impl_cuStreamGetPriority(CUstream h, int* p, bool pt) {
-  std::shared_ptr<Stream> s;
-  if (!p) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult r = stream_property(h, pt, &s)) return r;
-  *p = s->priority();
-  return CUDA_SUCCESS;
+  return stream_property(h, pt, p, [](Stream& s) { return s.priority(); });
 }
 CUresult impl_cuStreamGetFlags(CUstream h, unsigned* f, bool pt) {
-  std::shared_ptr<Stream> s;
-  if (!f) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult r = stream_property(h, pt, &s)) return r;
-  *f = s->flags();
-  return CUDA_SUCCESS;
+  return stream_property(h, pt, f, [](Stream& s) { return s.flags(); });
 }
 CUresult impl_cuStreamGetId(CUstream h, unsigned long long* id, bool pt) {
-  std::shared_ptr<Stream> s;
-  if (!id) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult r = stream_property(h, pt, &s)) return r;
-  *id = s->id();
-  return CUDA_SUCCESS;
+  return stream_property(h, pt, id, [](Stream& s) { return static_cast<unsigned long long>(s.id()); });
 }
 CUresult impl_cuStreamGetDevice(CUstream h, CUdevice* d, bool pt) {
-  std::shared_ptr<Stream> s;
-  if (!d) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult r = stream_property(h, pt, &s)) return r;
-  *d = s->device()->ordinal();
-  return CUDA_SUCCESS;
+  return stream_property(h, pt, d, [](Stream& s) { return CUdevice(s.device()->ordinal()); });
 }
 }  // namespace
 
