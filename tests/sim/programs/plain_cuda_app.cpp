@@ -93,6 +93,9 @@ void check_async_copy_and_events() {
              },
              &release)) &&
          RT(cudaMemcpyAsync(h, d, n, cudaMemcpyDeviceToHost, s)) && RT(cudaEventRecord(stop, s));
+    // Once `start` has completed, the stream is held for at least the 20 ms below, so the
+    // elapsed time cannot be shorter whatever the scheduling.
+    ok = ok && RT(cudaEventSynchronize(start));
     if (ok) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       held = cudaEventQuery(stop) == cudaErrorNotReady && cudaStreamQuery(s) == cudaErrorNotReady &&
