@@ -56,6 +56,28 @@ int current_device() {
   return d;
 }
 
+bool synchronize_device(int ordinal) {
+  try {
+    ContextScope scope(ordinal);
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    cuThreadExchangeStreamCaptureMode(&mode);
+    const CUresult r = cuCtxSynchronize();
+    cuThreadExchangeStreamCaptureMode(&mode);
+    return r == CUDA_SUCCESS;
+  } catch (const CudaError&) {
+    return false;
+  }
+}
+
+void device_memory(int ordinal, size_t* free_bytes, size_t* total_bytes) {
+  *free_bytes = *total_bytes = 0;
+  try {
+    ContextScope scope(ordinal);
+    if (cuMemGetInfo(free_bytes, total_bytes) != CUDA_SUCCESS) *free_bytes = *total_bytes = 0;
+  } catch (const CudaError&) {
+  }
+}
+
 ContextScope::ContextScope(int ordinal) {
   VRAMSWAP_CU(cuInit(0));
   CUcontext want = primary_context(ordinal);

@@ -28,6 +28,15 @@ int device_count();
 // The device of the calling thread's current runtime context. Throws CudaError.
 int current_device();
 
+// Waits for all work queued on `ordinal` so far. Does it in relaxed capture mode, so that a
+// stream capture in progress on another thread is not invalidated. False when the driver
+// refused (for instance: this thread is capturing). Never throws.
+bool synchronize_device(int ordinal);
+
+// The device's free and total memory as the driver reports them (not the runtime's
+// cudaMemGetInfo, which an LD_PRELOAD face may interpose). Zeros on failure. Never throws.
+void device_memory(int ordinal, size_t* free_bytes, size_t* total_bytes);
+
 // Makes `ordinal`'s primary context current for the scope; restores the previous current
 // context on exit. Throws CudaError on entry; never throws on exit. Not shared across threads.
 class ContextScope {

@@ -38,6 +38,10 @@ bool Event::query() const {
 
 void Event::synchronize() const { VRAMSWAP_CUDART(cudaEventSynchronize(event_)); }
 
+void synchronize_events(const std::vector<cudaEvent_t>& events) {
+  for (cudaEvent_t e : events) cudaEventSynchronize(e);
+}
+
 Event EventPool::acquire() {
   {
     std::lock_guard lock(mu_);

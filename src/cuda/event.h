@@ -33,6 +33,10 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// Blocks until every event in `events` has completed. Errors are left for the events'
+// next query to report. Never throws.
+void synchronize_events(const std::vector<cudaEvent_t>& events);
+
 // Recycled events of one device. Thread-safe (its own mutex, never held across a CUDA call).
 class EventPool {
  public:

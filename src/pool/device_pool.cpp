@@ -97,7 +97,8 @@ class DevicePool::Impl {
   Result record_stream(void* ptr, cudaStream_t stream);
   void* allocate_own_span(size_t size, cudaStream_t stream, std::string* error);
   Result unmap_block(void* ptr);
-  Result map_block(void* ptr);
+  Result map_block(void* ptr, bool may_synchronize);
+  Result deallocate_to_any(void* ptr, cudaStream_t stream);
   void set_reclaimer(Reclaimer r) {
     std::lock_guard lock(mu_);
     reclaimer_ = std::move(r);
@@ -144,6 +145,14 @@ class DevicePool::Impl {
   bool synchronize_and_retire(std::unique_lock<std::mutex>& lock);
   // Merges every quick-listed block into the free index (slow paths need the whole picture).
   void flush_quick();
+  // Waits (lock released) for the events of the blocks pending now, then frees them.
+  void drain_pending(std::unique_lock<std::mutex>& lock);
+  // Step `step` (1..4) of the escalation under pressure, each costlier than the one before:
+  // 1 unmap unused cached granules (spare pages); 2 wait for pending frees' events; 3
+  // synchronize the device so other streams' cached blocks become usable; 4 the reclaimer.
+  // Each step ends with unused granules unmapped. False when the step cannot help (nothing
+  // pending, nothing tagged by another stream, no reclaimer or it freed nothing).
+  bool relieve(int step, uint64_t bytes, std::unique_lock<std::mutex>& lock);
   void* take(BlockIt b, uint64_t size, cudaStream_t stream, bool own_span, bool mapped_new);
   std::string oom_report(size_t requested, uint64_t rounded, const std::string& why) const;
   uint64_t granule_index(uintptr_t addr) const { return (addr - va_.base()) / granularity_; }
@@ -338,20 +347,57 @@ bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock
     }
     it = free_.erase(it);
   }
-  CUresult r;
   lock.unlock();
-  {
-    cuda::ContextScope scope(device_);
-    // Relaxed: a synchronization here must not invalidate another thread's stream capture.
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    cuThreadExchangeStreamCaptureMode(&mode);
-    r = cuCtxSynchronize();
-    cuThreadExchangeStreamCaptureMode(&mode);
-  }
+  const bool synchronized = cuda::synchronize_device(device_);
   lock.lock();
-  for (auto& [addr, tag] : retiring) release_block(blocks_.find(addr), r == CUDA_SUCCESS ? kAnyStream : tag);
-  if (r != CUDA_SUCCESS) return false;
+  for (auto& [addr, tag] : retiring) release_block(blocks_.find(addr), synchronized ? kAnyStream : tag);
+  if (!synchronized) return false;
   poll_pending();  // every event recorded before the synchronization has completed
+  return true;
+}
+
+void DevicePool::Impl::drain_pending(std::unique_lock<std::mutex>& lock) {
+  std::vector<cudaEvent_t> waits;
+  for (auto& p : pending_)
+    for (auto& e : p.events) waits.push_back(e.get());
+  lock.unlock();
+  cuda::synchronize_events(waits);  // an event recycled meanwhile only makes this wait longer
+  lock.lock();
+  poll_pending();
+}
+
+bool DevicePool::Impl::relieve(int step, uint64_t bytes, std::unique_lock<std::mutex>& lock) {
+  switch (step) {
+    case 1:
+      if (!pending_.empty()) poll_pending();
+      flush_quick();
+      break;
+    case 2:
+      if (pending_.empty()) return false;
+      drain_pending(lock);
+      break;
+    case 3: {
+      flush_quick();
+      bool tagged = false;
+      for (auto& [tag, set] : free_) tagged |= tag != kAnyStream;
+      if (!tagged || !synchronize_and_retire(lock)) return false;
+      break;
+    }
+    case 4: {
+      if (!reclaimer_) return false;
+      Reclaimer reclaim = reclaimer_;
+      lock.unlock();
+      const uint64_t freed = reclaim(bytes);
+      lock.lock();
+      if (freed == 0) return false;
+      if (!pending_.empty()) poll_pending();
+      flush_quick();
+      break;
+    }
+    default:
+      return false;
+  }
+  unmap_unused();
   return true;
 }
 
@@ -437,26 +483,8 @@ void* DevicePool::Impl::allocate_own_span(size_t size, cudaStream_t stream, std:
 void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool own_span,
                                       std::unique_lock<std::mutex>& lock, std::string* error) {
   std::string why;
-  // Escalating attempts: as is; after unmapping unused cached granules (their pages become
-  // spare, reusable at once); after a device synchronization makes other streams' cached
-  // blocks usable; after the reclaimer (eviction, when installed) freed device memory.
-  for (int attempt = 0; attempt < 4; ++attempt) {
-    if (attempt == 1) unmap_unused();
-    if (attempt == 2) {
-      if (!synchronize_and_retire(lock)) break;
-      unmap_unused();
-    }
-    if (attempt == 3) {
-      if (!reclaimer_) break;
-      Reclaimer reclaim = reclaimer_;
-      lock.unlock();
-      const uint64_t freed = reclaim(rounded);
-      lock.lock();
-      if (freed == 0) break;
-      if (!pending_.empty()) poll_pending();
-      flush_quick();
-      unmap_unused();
-    }
+  for (int step = 0; step <= 4; ++step) {
+    if (step > 0 && !relieve(step, rounded, lock)) continue;
     BlockIt b = find_fit(rounded, stream, own_span);
     if (b == blocks_.end()) {
       why = "the pool's address range";
@@ -488,7 +516,7 @@ Result DevicePool::Impl::unmap_block(void* ptr) {
   return {};
 }
 
-Result DevicePool::Impl::map_block(void* ptr) {
+Result DevicePool::Impl::map_block(void* ptr, bool may_synchronize) {
   std::unique_lock lock(mu_);
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
   auto b = blocks_.find(addr);
@@ -496,17 +524,11 @@ Result DevicePool::Impl::map_block(void* ptr) {
     return {false, "map of " + pointer_name(ptr) + ": not a live, unmapped block with its own span"};
   const uint64_t size = b->second.size;
   std::string why;
-  // The pool's own measures, as for an allocation (the caller is the reclaimer's owner:
-  // no reclaim here).
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    if (attempt == 1) {
-      flush_quick();
-      unmap_unused();
-    }
-    if (attempt == 2) {
-      if (!synchronize_and_retire(lock)) break;  // the lock was released: look again
-      unmap_unused();
-    }
+  // The pool's own measures, as for an allocation, up to `last_step` (no reclaim: the
+  // caller is the reclaimer's owner).
+  const int last_step = may_synchronize ? 3 : 2;
+  for (int step = 0; step <= last_step; ++step) {
+    if (step > 0 && !relieve(step, size, lock)) continue;
     if (map_range(addr, size, &why)) {
       blocks_.at(addr).unmapped = false;
       return {};
@@ -553,6 +575,32 @@ Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) {
   }
   Pending p{{addr}, {}, stream};
   for (cudaStream_t s : others) {
+    cuda::Event e = events_.acquire();
+    e.record(s);
+    p.events.push_back(std::move(e));
+  }
+  block.state = State::kPending;
+  block.also_on.clear();
+  pending_.push_back(std::move(p));
+  return {};
+}
+
+Result DevicePool::Impl::deallocate_to_any(void* ptr, cudaStream_t stream) {
+  if (!ptr) return {};
+  std::lock_guard lock(mu_);
+  auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (b == blocks_.end() || b->second.state != State::kLive)
+    return {false, "free of " + pointer_name(ptr) + ": not a live block vramswap allocated"};
+  Block& block = b->second;
+  std::vector<cudaStream_t> streams = block.also_on;
+  streams.push_back(stream);
+  if (block.tag != stream) streams.push_back(block.tag);
+  std::sort(streams.begin(), streams.end());
+  streams.erase(std::unique(streams.begin(), streams.end()), streams.end());
+  allocated_ -= block.size;
+  ++num_frees_;
+  Pending p{{b->first}, {}, kAnyStream};
+  for (cudaStream_t s : streams) {
     cuda::Event e = events_.acquire();
     e.record(s);
     p.events.push_back(std::move(e));
@@ -615,12 +663,8 @@ void DevicePool::Impl::reset_peaks() {
 std::string DevicePool::Impl::oom_report(size_t requested, uint64_t rounded, const std::string& why) const {
   uint64_t cached_free = 0;  // mapped bytes in no live block
   cached_free = reserved_ > allocated_ ? reserved_ - allocated_ : 0;
-  // The driver's count: the runtime's cudaMemGetInfo is what LD_PRELOAD interposes.
   size_t device_free = 0, device_total = 0;
-  {
-    cuda::ContextScope scope(device_);
-    cuMemGetInfo(&device_free, &device_total);
-  }
+  cuda::device_memory(device_, &device_free, &device_total);
   return "out of memory on device " + std::to_string(device_) + ": cannot allocate " + format_size(requested) + " (" +
          std::to_string(requested) + " bytes, " + std::to_string(rounded) + " rounded) within " + why +
          ". Limit " + format_size(limit_) + " of a " + format_size(card_bytes_) + " card; pool: " +
@@ -642,7 +686,8 @@ void* DevicePool::allocate_own_span(size_t size, cudaStream_t stream, std::strin
   return impl_->allocate_own_span(size, stream, error);
 }
 Result DevicePool::unmap_block(void* ptr) { return impl_->unmap_block(ptr); }
-Result DevicePool::map_block(void* ptr) { return impl_->map_block(ptr); }
+Result DevicePool::map_block(void* ptr, bool may_synchronize) { return impl_->map_block(ptr, may_synchronize); }
+Result DevicePool::deallocate_to_any(void* ptr, cudaStream_t stream) { return impl_->deallocate_to_any(ptr, stream); }
 void DevicePool::set_reclaimer(Reclaimer reclaimer) { impl_->set_reclaimer(std::move(reclaimer)); }
 uint64_t DevicePool::granularity() const { return impl_->granularity(); }
 void DevicePool::reset_peaks() { impl_->reset_peaks(); }

@@ -28,9 +28,10 @@
 // size on S takes it back in O(1). Any other allocation first merges the quick lists into
 // the free index, so best fit always sees every cached block. Neither path makes a CUDA call. Growing
 // maps granules (cuMemCreate + cuMemMap + cuMemSetAccess); at the limit, or when the
-// device is full, the pool unmaps cached granules no block uses, then synchronizes the
-// device so other streams' cached blocks become usable, and only then reports out of
-// memory (a refused request leaves nothing newly mapped).
+// device is full, the pool unmaps cached granules no block uses, waits for the events of
+// pending frees, synchronizes the device (only when other streams' cached blocks could
+// become usable), calls the reclaimer, and only then reports out of memory (a refused
+// request leaves nothing newly mapped).
 //
 // Thread safety: one mutex per pool guards all state. It is never held across a
 // synchronization (event waits happen with the lock released); mapping calls are made
@@ -117,9 +118,16 @@ class DevicePool {
   Result unmap_block(void* ptr);
 
   // Maps pages (spare first) under a live own-span block that unmap_block() emptied.
-  // Refused, with nothing mapped, when the limit or the device does not allow it.
-  // Thread-safe.
-  Result map_block(void* ptr);
+  // Refused, with nothing mapped, when the limit or the device does not allow it even
+  // after the pool's own measures; with `may_synchronize` false, all but the device
+  // synchronization (it may still wait for the events of pending frees). Thread-safe.
+  Result map_block(void* ptr, bool may_synchronize);
+
+  // Frees a block with an event recorded now on `stream` (and on every other stream that
+  // used it), after which it is reusable by any stream: for large blocks whose memory is
+  // wanted elsewhere soon (eviction's prefetches), where waiting for an event beats a
+  // device synchronization. Thread-safe.
+  Result deallocate_to_any(void* ptr, cudaStream_t stream);
 
   // Called, with no pool lock held, when an allocation found no memory within the limit
   // even after the pool's own measures; it should free at least `bytes` of device memory

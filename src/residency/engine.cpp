@@ -267,7 +267,9 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
   free_slots_.push_back(slot);
   st_.tagged_bytes -= s.placed;
   st_.tagged_waste_bytes -= s.placed - s.requested;
-  return pool_.deallocate(ptr, stream);
+  // Its granules are likely wanted soon by a prefetch on the copy stream: free it behind an
+  // event, not behind the next device synchronization.
+  return pool_.deallocate_to_any(ptr, stream);
 }
 
 uint64_t Engine::Impl::pack(const void* ptr, cudaStream_t stream) {
@@ -399,7 +401,9 @@ Status Engine::Impl::release(uint64_t handle) {
     Status r = start_fetch(slot, true);
     if (!r.ok) return {false, "release: " + r.message + "; the block stays packed, its handle valid"};
   }
-  if (slots_[slot].residency == Residency::kFetching) {
+  // A fetch still in flight: an unpacked block's stream already waits for it; a block that
+  // was never unpacked has no reader ordered after the fetch, so wait here.
+  if (slots_[slot].residency == Residency::kFetching && !slots_[slot].unpacked) {
     slots_[slot].copy_event.synchronize();
     complete_copies(false);
   }
@@ -454,10 +458,12 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
 
 Status Engine::Impl::start_fetch(uint32_t slot, bool reclaim) {
   Slot& s = slots_[slot];
-  pool::Result mapped = pool_.map_block(reinterpret_cast<void*>(s.addr));
+  // A prefetch (no reclaim) never synchronizes the device: it takes memory free at once or
+  // freed behind an event (a tagged block freed by backward), waiting for that event.
+  pool::Result mapped = pool_.map_block(reinterpret_cast<void*>(s.addr), reclaim);
   if (!mapped.ok && reclaim) {
     reclaim_locked(s.placed, slot);
-    mapped = pool_.map_block(reinterpret_cast<void*>(s.addr));
+    mapped = pool_.map_block(reinterpret_cast<void*>(s.addr), true);
   }
   if (!mapped.ok)
     return {false, "cannot bring block " + hex(s.addr) + " (" + format_size(s.placed) +

@@ -60,13 +60,13 @@ TEST_F(OwnSpan, UnmapThenMapKeepsTheAddressAndTheSpare) {
   EXPECT_EQ(before.reserved_bytes, s.reserved_bytes) << "unmapped pages stay owned, as spare";
   EXPECT_EQ(before.allocated_bytes, s.allocated_bytes) << "the block stays live";
   EXPECT_FALSE(pool().unmap_block(p).ok) << "a second unmap is refused";
-  ASSERT_TRUE(pool().map_block(p).ok);
+  ASSERT_TRUE(pool().map_block(p, true).ok);
   s = pool().stats();
   EXPECT_EQ(before.mapped_bytes, s.mapped_bytes);
   EXPECT_EQ(before.reserved_bytes, s.reserved_bytes) << "spare pages were reused, none created";
   p[0] = 1;  // mapped again, read-write, at the same address
   p[2 * g - 1] = 2;
-  EXPECT_FALSE(pool().map_block(p).ok) << "mapping a mapped block is refused";
+  EXPECT_FALSE(pool().map_block(p, true).ok) << "mapping a mapped block is refused";
   EXPECT_TRUE(pool().deallocate(p, nullptr).ok);
 }
 
@@ -90,10 +90,10 @@ TEST_F(OwnSpan, SparePagesServeANewAllocationWithinTheLimit) {
   void* b = plain(g);
   EXPECT_NE(nullptr, b) << "a spare page of the unmapped block serves it";
   EXPECT_EQ(4 * g, pool().stats().reserved_bytes);
-  EXPECT_FALSE(pool().map_block(a).ok) << "only 3 spare pages are left for 4 granules";
+  EXPECT_FALSE(pool().map_block(a, true).ok) << "only 3 spare pages are left for 4 granules";
   EXPECT_TRUE(pool().deallocate(b, nullptr).ok);
   pool().empty_cache();
-  EXPECT_TRUE(pool().map_block(a).ok);
+  EXPECT_TRUE(pool().map_block(a, true).ok);
   EXPECT_TRUE(pool().deallocate(a, nullptr).ok);
 }
 
