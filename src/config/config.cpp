@@ -220,10 +220,16 @@ std::optional<std::string_view> closest_key(std::string_view name) {
   return best->name;
 }
 
+bool is_python_key(std::string_view name) {
+  for (std::string_view k : kPythonKeys)
+    if (k == name) return true;
+  return false;
+}
+
 ParseResult parse(const std::map<std::string, std::string>& env) {
   ParseResult result;
   for (const auto& [key, value] : env) {
-    if (!key.starts_with(kPrefix)) continue;
+    if (!key.starts_with(kPrefix) || is_python_key(key)) continue;
     const KeySpec* spec = find_key(key);
     if (!spec) {
       result.warnings.push_back(unknown_key_message(key));

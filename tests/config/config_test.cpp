@@ -534,6 +534,16 @@ TEST(UnknownKeys, AreReportedWithKnownKeysStillApplied) {
   EXPECT_EQ(r.config.resolve_limit(kCard), kCard) << "a misspelt limit is not applied";
 }
 
+TEST(PythonKeys, AreNeitherParsedNorWarnedAbout) {
+  ParseResult r = parse({{"VRAMSWAP_TORCH_DEVICE", "cpu-sim"}, {"VRAMSWAP_LIBRARY", "/x/libvramswap.so"},
+                         {"VRAMSWAP_CACHE_DIR", "/x"}, {"VRAMSWAP_LOG", "info"}});
+  EXPECT_TRUE(r.ok());
+  EXPECT_TRUE(r.warnings.empty()) << r.warnings.front();
+  EXPECT_EQ(r.config.log_level, LogLevel::kInfo);
+  Config c;
+  EXPECT_TRUE(apply(c, "VRAMSWAP_TORCH_DEVICE", "cpu-sim").has_value()) << "not a library setting";
+}
+
 TEST(ClosestKey, SuppliesTheMissingPrefixAndIgnoresCase) {
   EXPECT_EQ(closest_key("limit"), std::optional<std::string_view>("VRAMSWAP_LIMIT"));
   EXPECT_EQ(closest_key("LOG"), std::optional<std::string_view>("VRAMSWAP_LOG"));

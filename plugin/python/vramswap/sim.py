@@ -1,0 +1,75 @@
+"""The CPU-emulation mode: torch's CPU tensors allocated by vramswap on cudasim.
+
+On a machine with no GPU, `vramswap.sim.install_cpu(**config)` loads cudasim's
+libcuda.so.1 and libcudart.so.13, then libvramswap.so on top of them, and replaces c10's
+CPU allocator (c10::SetCPUAllocator at the highest priority) with one that calls
+vramswap_malloc/vramswap_free on device 0 and the legacy stream. cudasim's device memory is
+host memory, so torch's CPU kernels run on it directly; an evicted block's pages are really
+unmapped, so a wrong eviction faults (SIGSEGV) instead of passing silently. Any torch
+script can then be run under `vramswap.offload()`.
+
+torch's CPU ops are not stream-ordered: the tracker synchronizes the legacy stream after
+each vramswap_unpack in this mode (cudaStreamSynchronize(0)), so a restored block's copy has
+landed before a CPU kernel reads it.
+
+Tensors allocated before install_cpu() keep c10's default allocator (their DataPtrs carry
+their own deleter); only later allocations go through vramswap.
+
+Thread safety: install_cpu() may be called from one thread at a time; afterwards
+allocations from any thread are served by vramswap (thread-safe).
+"""
+import ctypes
+
+from . import _ext, _lib
+
+_installed = False
+
+
+def _configure(lib, config):
+    for key, value in config.items():
+        name = key if key.upper().startswith("VRAMSWAP_") else "VRAMSWAP_" + key.upper()
+        if isinstance(value, bool):
+            value = "1" if value else "0"
+        if lib.vramswap_configure(name.upper().encode(), str(value).encode()) != 0:
+            raise ValueError(_lib.last_error())
+
+
+def install_cpu(**config):
+    """Makes vramswap (on cudasim) torch's CPU allocator. `config`: VRAMSWAP_* keys, with or
+    without the prefix, any case (limit="48MiB", horizon=2). Settings of the pool
+    (VRAMSWAP_LIMIT, ...) only take effect before vramswap's first allocation. Calling it
+    again only applies `config`."""
+    global _installed
+    lib = _lib.load(cudasim=True)
+    _configure(lib, config)
+    if _installed:
+        return
+    ops = _ext.load()
+
+    def addr(fn):
+        return ctypes.cast(fn, ctypes.c_void_p).value
+
+    ops.install_cpu_allocator(addr(lib.vramswap_malloc), addr(lib.vramswap_free),
+                              addr(lib.vramswap_last_error))
+    _installed = True
+
+
+def uninstall_cpu():
+    """Puts c10's default CPU allocator back; tensors vramswap allocated stay valid."""
+    global _installed
+    if _installed:
+        _ext.load().uninstall_cpu_allocator()
+        _installed = False
+
+
+def installed():
+    return _installed
+
+
+def synchronize():
+    """Waits for the legacy stream (cudaStreamSynchronize(0)) in the CPU-emulation mode."""
+    cudart = _lib.cudart()
+    if cudart is not None:
+        rc = cudart.cudaStreamSynchronize(None)
+        if rc != 0:
+            raise _lib.VramswapError(f"cudaStreamSynchronize(0) failed with CUDA error {rc}")

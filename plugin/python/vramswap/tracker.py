@@ -1,0 +1,190 @@
+"""The autograd tracker: saved-tensor hooks that drive vramswap's tracker protocol.
+
+`offload()` opens an offload scope (vramswap_scope_push: large allocations made inside are
+tagged, placed on pages of their own) and installs torch.autograd.graph.saved_tensors_hooks:
+
+  pack(t)    vramswap_pack(t.data_ptr()) gives the handle of t's block, or 0 when the block
+             is not tagged (allocated outside a scope, too small, not vramswap's): then the
+             tensor itself is saved, as with no hooks. Otherwise a _Saved object holds a
+             detached alias of t (a TensorImpl of our own on the same storage) and the handle.
+             The first pack after the scope opens or after a backward ran calls
+             vramswap_graph_begin (a new forward).
+  cold       a block is cold when the only TensorImpls holding its storage are the tracker's
+             own aliases: c10::StorageImpl's use count (through the extension's
+             torch.ops.vramswap.storage_use_count) equals the number of live _Saved objects
+             of that handle. Checked for every not-yet-cold handle at each pack and unpack,
+             and when a scope closes; then vramswap_mark_cold on the current stream.
+  unpack(p)  vramswap_unpack on the current stream; in the CPU-emulation mode the legacy
+             stream is synchronized before the tensor is returned (CPU ops are not
+             stream-ordered).
+  release    when autograd drops the packed object (after backward used it, or with the
+             graph), _Saved.__del__ calls vramswap_release, before its alias (and so possibly
+             the storage, and the block) goes.
+
+Why an alias and not t itself: the tensor autograd passes to the pack hook is usually the
+forward's own TensorImpl, so holding it would make the storage's use count 1 while the
+forward still uses the tensor (a residual), and the block would be evicted while
+referenced. With an alias the forward's reference keeps the count above ours.
+
+Thread safety: the tracker's bookkeeping is guarded by one lock; the scope is per thread
+(vramswap's), the hooks are torch's (thread-local in 1.13).
+"""
+import contextlib
+import threading
+import weakref
+
+import torch
+
+from . import _ext, _lib, sim
+
+
+class _Saved:
+    """What the pack hook returns for a tagged block: an alias of the saved tensor and the
+    block's handle. Its death releases one handle reference."""
+
+    __slots__ = ("tensor", "handle", "__weakref__")
+
+    def __init__(self, tensor, handle):
+        self.tensor = tensor
+        self.handle = handle
+
+    def __del__(self):
+        _tracker._drop(self)
+
+
+class _Tracker:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._live = {}        # handle -> number of live _Saved objects
+        self._saved = {}       # handle -> WeakSet of its live _Saved objects (to probe)
+        self._pending = set()  # handles packed but not yet marked cold
+        self._depth = 0        # open offload() scopes, all threads
+        self._new_graph = True
+        self.stats = {"packs": 0, "untagged": 0, "cold": 0, "unpacks": 0, "releases": 0}
+
+    # -- streams --------------------------------------------------------------------
+    @staticmethod
+    def _stream():
+        if sim.installed():
+            return None  # the legacy stream: torch's CPU ops are synchronous
+        return torch.cuda.current_stream().cuda_stream
+
+    # -- hooks ----------------------------------------------------------------------
+    def pack(self, t):
+        lib = _lib.lib()
+        ptr = t.data_ptr() if t.layout == torch.strided else 0
+        if ptr == 0 or t.numel() == 0:
+            return t
+        stream = self._stream()
+        with self._lock:
+            if self._new_graph:
+                lib.vramswap_graph_begin()
+                self._new_graph = False
+        h = lib.vramswap_pack(ptr, stream)
+        if h == 0:
+            self.stats["untagged"] += 1
+            return t
+        saved = _Saved(t.detach(), h)
+        with self._lock:
+            self.stats["packs"] += 1
+            self._live[h] = self._live.get(h, 0) + 1
+            self._saved.setdefault(h, weakref.WeakSet()).add(saved)
+            self._pending.add(h)
+        self.poll_cold()
+        return saved
+
+    def unpack(self, p):
+        if not isinstance(p, _Saved):
+            return p
+        lib = _lib.lib()
+        with self._lock:
+            self._new_graph = True  # a backward ran: the next pack starts a forward
+            self._pending.discard(p.handle)  # unpacked: in use, not cold
+        self.poll_cold()
+        _lib.check(lib.vramswap_unpack(p.handle, self._stream()), "vramswap_unpack")
+        sim.synchronize()
+        self.stats["unpacks"] += 1
+        return p.tensor
+
+    def _drop(self, saved):
+        h = saved.handle
+        with self._lock:
+            n = self._live.get(h, 0) - 1
+            if n <= 0:
+                self._live.pop(h, None)
+                self._saved.pop(h, None)
+                self._pending.discard(h)
+            else:
+                self._live[h] = n
+                self._saved[h].discard(saved)
+        lib = _lib._lib
+        if lib is not None and lib.vramswap_release(h) == 0:
+            self.stats["releases"] += 1
+
+    # -- cold ------------------------------------------------------------------------
+    def poll_cold(self):
+        """Marks cold every pending block whose storage only the tracker's aliases hold."""
+        ops = _ext.load()
+        with self._lock:
+            pending = []
+            for h in self._pending:
+                alive = [s for s in self._saved.get(h, ()) if s.tensor is not None]
+                pending.append((h, alive[0].tensor if alive else None, self._live.get(h, 0)))
+        lib = _lib.lib()
+        stream = self._stream()
+        for h, probe, live in pending:
+            if probe is None or live == 0:
+                continue
+            # probe itself is one of the `live` aliases; the list above holds no extra
+            # TensorImpl (it holds the same Python object), so the counts compare directly.
+            if ops.storage_use_count(probe) != live:
+                continue
+            with self._lock:
+                if h not in self._pending:
+                    continue
+                self._pending.discard(h)
+            _lib.check(lib.vramswap_mark_cold(h, stream), "vramswap_mark_cold")
+            self.stats["cold"] += 1
+
+    # -- scope -------------------------------------------------------------------------
+    def enter(self):
+        _lib.lib().vramswap_scope_push()
+        with self._lock:
+            if self._depth == 0:
+                self._new_graph = True
+            self._depth += 1
+
+    def exit(self):
+        with self._lock:
+            self._depth -= 1
+        _lib.lib().vramswap_scope_pop()
+        self.poll_cold()
+
+
+_tracker = _Tracker()
+
+
+@contextlib.contextmanager
+def offload(horizon=None, min_bytes=None):
+    """Tensors saved for backward inside this scope may be evicted to host memory when
+    memory is short, and are brought back (at the same address) before backward uses them.
+    `horizon` / `min_bytes` set VRAMSWAP_HORIZON / VRAMSWAP_MIN_OFFLOAD_BYTES (the horizon
+    only before vramswap's first allocation). Scopes nest."""
+    lib = _lib.lib()
+    if horizon is not None:
+        _lib.check(lib.vramswap_configure(b"VRAMSWAP_HORIZON", str(horizon).encode()),
+                   "offload(horizon)")
+    if min_bytes is not None:
+        _lib.check(lib.vramswap_configure(b"VRAMSWAP_MIN_OFFLOAD_BYTES", str(min_bytes).encode()),
+                   "offload(min_bytes)")
+    _tracker.enter()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(_tracker.pack, _tracker.unpack):
+            yield
+    finally:
+        _tracker.exit()
+
+
+def tracker_stats():
+    """The tracker's own counters (packs, untagged, cold, unpacks, releases)."""
+    return dict(_tracker.stats)
