@@ -5,11 +5,13 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pool/device_pool.h"
@@ -404,6 +406,81 @@ TEST_F(EngineTest, NoPressureNoCopies) {
   EXPECT_EQ(0u, s.bytes_prefetched_total);
   EXPECT_EQ(0u, s.num_faults);
   EXPECT_EQ(0u, s.peak_host_bytes);
+}
+
+}  // namespace
+
+namespace {
+
+struct Gate {
+  std::atomic<bool> open{false};
+  static void wait(void* p) {
+    auto* g = static_cast<Gate*>(p);
+    while (!g->open.load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+};
+
+// A block freed while its eviction copy cannot even start (the copy waits for the cold
+// event, queued behind held compute): the free must not lose or corrupt anything, and the
+// host buffer must outlive the copy.
+TEST_F(EngineTest, FreeWhileTheEvictionIsInFlight) {
+  EngineOptions options;
+  options.horizon = 0;
+  options.soft_limit_bytes = 4 * kMiB;  // evict in the background past one block
+  start(64 * kMiB, options);
+  engine_->graph_begin();
+  void* a = tagged(1);
+  void* b = tagged(2);
+  Gate gate;
+  ASSERT_CUDA_OK(cudaLaunchHostFunc(stream_, Gate::wait, &gate));  // compute is busy
+  const uint64_t hb = engine_->pack(b, stream_);
+  ASSERT_TRUE(engine_->mark_cold(hb, stream_).ok);  // cold event behind the held work
+  const uint64_t ha = engine_->pack(a, stream_);
+  ASSERT_TRUE(engine_->mark_cold(ha, stream_).ok);  // past the soft limit: evictions start
+  EngineStats s = stats();
+  ASSERT_GT(s.in_flight_bytes, 0u) << "an eviction copy should be waiting for the cold event";
+  ASSERT_TRUE(engine_->free_tagged(a, stream_).ok);
+  ASSERT_TRUE(engine_->free_tagged(b, stream_).ok);
+  gate.open = true;
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+  cudaDeviceSynchronize();
+  void* c = tagged(3, 16 * kMiB);  // reaps the copies; the memory is whole again
+  ASSERT_NE(nullptr, c);
+  EXPECT_TRUE(holds(c, 3, 16 * kMiB));
+  s = stats();
+  EXPECT_EQ(0u, s.in_flight_bytes);
+  EXPECT_EQ(0u, s.evicted_bytes);
+  EXPECT_EQ(0u, s.host_bytes) << "the host buffers of the freed blocks were returned";
+  ASSERT_TRUE(engine_->free_tagged(c, stream_).ok);
+}
+
+// A block freed while its fetch may still be copying in (a prefetch just queued): the pool
+// must not hand its memory out before the copy is done.
+TEST_F(EngineTest, FreeWhileTheFetchMayBeInFlight) {
+  EngineOptions options;
+  options.horizon = 0;
+  start(8 * kMiB, options);
+  engine_->graph_begin();
+  void* a = tagged(1);
+  const uint64_t ha = pack_cold(a);
+  void* b = tagged(2);
+  pack_cold(b);
+  void* c = tagged(3);  // evicts a
+  ASSERT_NE(nullptr, c);
+  ASSERT_EQ(1u, stats().num_evictions);
+  ASSERT_TRUE(engine_->free_tagged(c, stream_).ok);
+  ASSERT_TRUE(engine_->prefetch(ha).ok);
+  ASSERT_TRUE(engine_->free_tagged(a, stream_).ok);  // whatever the copy's progress
+  void* d = tagged(4);  // may reuse a's memory: only after the fetch wrote it
+  ASSERT_NE(nullptr, d);
+  EXPECT_TRUE(holds(d, 4));
+  EXPECT_TRUE(holds(b, 2));
+  ASSERT_TRUE(engine_->free_tagged(d, stream_).ok);
+  ASSERT_TRUE(engine_->free_tagged(b, stream_).ok);
+  cudaDeviceSynchronize();
+  void* e = tagged(5, kMiB);
+  EXPECT_EQ(0u, stats().host_bytes);
+  ASSERT_TRUE(engine_->free_tagged(e, stream_).ok);
 }
 
 }  // namespace
