@@ -145,6 +145,14 @@ class DevicePool::Impl {
   bool synchronize_and_retire(std::unique_lock<std::mutex>& lock);
   // Merges every quick-listed block into the free index (slow paths need the whole picture).
   void flush_quick();
+  // The live block starting at `ptr`, or end() with *refusal saying why not (foreign,
+  // double free, interior pointer).
+  BlockIt live_block_for_free(void* ptr, Result* refusal);
+  // The streams besides `except` that used a live block (allocation and record_stream's).
+  static std::vector<cudaStream_t> users_besides(const Block& block, cudaStream_t except);
+  // Makes a freed block pending behind events recorded now on `streams`; it becomes free
+  // with `tag_after` once they have completed.
+  void hold_back(BlockIt b, const std::vector<cudaStream_t>& streams, cudaStream_t tag_after);
   // Waits (lock released) for the events of the blocks pending now, then frees them.
   void drain_pending(std::unique_lock<std::mutex>& lock);
   // Step `step` (1..4) of the escalation under pressure, each costlier than the one before:
@@ -537,77 +545,76 @@ Result DevicePool::Impl::map_block(void* ptr, bool may_synchronize) {
   return {false, "map of " + pointer_name(ptr) + " (" + format_size(size) + "): refused by " + why};
 }
 
-Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) {
-  if (!ptr) return {};
-  const auto addr = reinterpret_cast<uintptr_t>(ptr);
-  std::lock_guard lock(mu_);
-  auto b = blocks_.find(addr);
-  if (b == blocks_.end() || b->second.state != State::kLive) {
-    if (!owns(ptr)) return {false, "free of " + pointer_name(ptr) + ": not a pointer vramswap allocated"};
-    if (b != blocks_.end())
-      return {false, "free of " + pointer_name(ptr) + ": already freed (double free)"};
-    return {false, "free of " + pointer_name(ptr) +
-                       ": not the start of a block vramswap handed out (an interior or stale pointer)"};
-  }
-  Block& block = b->second;
-  // Work queued before the free on every stream that used the block must finish before
-  // another stream reuses it. The freeing stream orders reuse on itself; any other stream
-  // that used the block (the allocation stream, record_stream's) gets an event now.
-  std::vector<cudaStream_t> others = block.also_on;
-  if (block.tag != stream) others.push_back(block.tag);
-  std::erase(others, stream);
-  std::sort(others.begin(), others.end());
-  others.erase(std::unique(others.begin(), others.end()), others.end());
-  allocated_ -= block.size;
-  ++num_frees_;
-  if (others.empty() && !block.own_span) {
-    auto& list = quick_[{stream, block.size}];
-    if (list.size() < kQuickPerSize) {
-      block.state = State::kQuick;
-      block.tag = stream;
-      block.also_on.clear();
-      list.push_back(b);
-      ++quick_blocks_;
-    } else {
-      release_block(b, stream);
-    }
-    return {};
-  }
-  Pending p{{addr}, {}, stream};
-  for (cudaStream_t s : others) {
+DevicePool::Impl::BlockIt DevicePool::Impl::live_block_for_free(void* ptr, Result* refusal) {
+  auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (b != blocks_.end() && b->second.state == State::kLive) return b;
+  if (!owns(ptr)) *refusal = {false, "free of " + pointer_name(ptr) + ": not a pointer vramswap allocated"};
+  else if (b != blocks_.end()) *refusal = {false, "free of " + pointer_name(ptr) + ": already freed (double free)"};
+  else
+    *refusal = {false, "free of " + pointer_name(ptr) +
+                           ": not the start of a block vramswap handed out (an interior or stale pointer)"};
+  return blocks_.end();
+}
+
+std::vector<cudaStream_t> DevicePool::Impl::users_besides(const Block& block, cudaStream_t except) {
+  std::vector<cudaStream_t> users = block.also_on;
+  users.push_back(block.tag);
+  std::erase(users, except);
+  std::sort(users.begin(), users.end());
+  users.erase(std::unique(users.begin(), users.end()), users.end());
+  return users;
+}
+
+void DevicePool::Impl::hold_back(BlockIt b, const std::vector<cudaStream_t>& streams, cudaStream_t tag_after) {
+  Pending p{{b->first}, {}, tag_after};
+  for (cudaStream_t s : streams) {
     cuda::Event e = events_.acquire();
     e.record(s);
     p.events.push_back(std::move(e));
   }
-  block.state = State::kPending;
-  block.also_on.clear();
+  b->second.state = State::kPending;
+  b->second.also_on.clear();
   pending_.push_back(std::move(p));
+}
+
+Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) {
+  if (!ptr) return {};
+  std::lock_guard lock(mu_);
+  Result refusal;
+  BlockIt b = live_block_for_free(ptr, &refusal);
+  if (b == blocks_.end()) return refusal;
+  Block& block = b->second;
+  // Work queued before the free on every stream that used the block must finish before
+  // another stream reuses it. The freeing stream orders reuse on itself; any other stream
+  // that used the block (the allocation stream, record_stream's) gets an event now.
+  const std::vector<cudaStream_t> others = users_besides(block, stream);
+  allocated_ -= block.size;
+  ++num_frees_;
+  if (!others.empty()) {
+    hold_back(b, others, stream);
+  } else if (auto& list = quick_[{stream, block.size}]; !block.own_span && list.size() < kQuickPerSize) {
+    block.state = State::kQuick;
+    block.tag = stream;
+    block.also_on.clear();
+    list.push_back(b);
+    ++quick_blocks_;
+  } else {
+    release_block(b, stream);
+  }
   return {};
 }
 
 Result DevicePool::Impl::deallocate_to_any(void* ptr, cudaStream_t stream) {
   if (!ptr) return {};
   std::lock_guard lock(mu_);
-  auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (b == blocks_.end() || b->second.state != State::kLive)
-    return {false, "free of " + pointer_name(ptr) + ": not a live block vramswap allocated"};
-  Block& block = b->second;
-  std::vector<cudaStream_t> streams = block.also_on;
+  Result refusal;
+  BlockIt b = live_block_for_free(ptr, &refusal);
+  if (b == blocks_.end()) return refusal;
+  std::vector<cudaStream_t> streams = users_besides(b->second, stream);
   streams.push_back(stream);
-  if (block.tag != stream) streams.push_back(block.tag);
-  std::sort(streams.begin(), streams.end());
-  streams.erase(std::unique(streams.begin(), streams.end()), streams.end());
-  allocated_ -= block.size;
+  allocated_ -= b->second.size;
   ++num_frees_;
-  Pending p{{b->first}, {}, kAnyStream};
-  for (cudaStream_t s : streams) {
-    cuda::Event e = events_.acquire();
-    e.record(s);
-    p.events.push_back(std::move(e));
-  }
-  block.state = State::kPending;
-  block.also_on.clear();
-  pending_.push_back(std::move(p));
+  hold_back(b, streams, kAnyStream);
   return {};
 }
 
