@@ -4,9 +4,10 @@ What exists so far (see DESIGN.md, "Who uses it and how"):
   vramswap.sim.install_cpu(**config)  the CPU-emulation mode: torch's CPU tensors are
                                       allocated by libvramswap.so on cudasim (no GPU needed)
   vramswap.offload()                  the autograd tracker (saved-tensor hooks)
-  vramswap.memory_stats()             vramswap_stats_json as a dict
-  vramswap.reset_peak_stats()
-Not yet: vramswap.install() for CUDA (CUDAPluggableAllocator) and `vramswap run`.
+  vramswap.memory_stats()             vramswap_stats_json as a dict, plus torch's key names
+  vramswap.reset_peak_stats(), vramswap.empty_cache()
+  python3 -m vramswap run -- script.py  an unmodified script under a process-wide offload (__main__.py)
+Not yet: vramswap.install() for CUDA (CUDAPluggableAllocator).
 Setting VRAMSWAP_TORCH_DEVICE=cpu-sim makes `import vramswap` install the CPU-emulation
 mode at once (with the VRAMSWAP_* environment).
 """
@@ -18,12 +19,37 @@ from . import sim
 from ._lib import VramswapError
 from .tracker import offload, tracker_stats
 
-__all__ = ["sim", "offload", "memory_stats", "reset_peak_stats", "tracker_stats",
+__all__ = ["sim", "offload", "memory_stats", "reset_peak_stats", "empty_cache", "tracker_stats",
            "VramswapError"]
 
 
-def memory_stats():
-    """vramswap's statistics (vramswap_stats_json) as a dict."""
+# torch.cuda.memory_stats() key -> the vramswap key that means the same thing. Left out on
+# purpose: num_alloc_retries (torch frees its cache and retries; vramswap evicts instead),
+# the per-pool (small_pool / large_pool) keys, inactive_split_* and the cumulative
+# ".allocated" / ".freed" byte totals, which vramswap does not count.
+_TORCH_KEYS = {
+    "allocated_bytes.all.current": "allocated_bytes",
+    "allocated_bytes.all.peak": "peak_allocated_bytes",
+    "active_bytes.all.current": "allocated_bytes",
+    "active_bytes.all.peak": "peak_allocated_bytes",
+    "reserved_bytes.all.current": "reserved_bytes",
+    "reserved_bytes.all.peak": "peak_reserved_bytes",
+    "allocation.all.allocated": "num_allocs",
+    "allocation.all.freed": "num_frees",
+    # num_ooms: the same name and meaning in both
+}
+
+
+def _with_torch_keys(stats):
+    for torch_key, key in _TORCH_KEYS.items():
+        if key in stats:
+            stats[torch_key] = stats[key]
+    if "num_allocs" in stats and "num_frees" in stats:
+        stats["allocation.all.current"] = stats["num_allocs"] - stats["num_frees"]
+    return stats
+
+
+def _stats_json():
     from . import _lib
     lib = _lib.lib()
     for _ in range(4):
@@ -35,7 +61,36 @@ def memory_stats():
     raise VramswapError("vramswap_stats_json: " + _lib.last_error())
 
 
+def memory_stats(device=None):
+    """vramswap's statistics (vramswap_stats_json) as a dict, with torch.cuda.memory_stats()'s
+    key names added where they mean the same thing ("allocated_bytes.all.current",
+    "allocated_bytes.all.peak", "active_bytes.all.current" (= allocated),
+    "reserved_bytes.all.current" / ".peak", "allocation.all.current", "num_ooms", ...).
+    Not provided: "num_alloc_retries" (vramswap evicts rather than retrying). `device`:
+    None for the whole process (with a "devices" list), or a device index (an int or a
+    torch.device) for that device's entry."""
+    stats = _stats_json()
+    if device is not None:
+        index = getattr(device, "index", device)
+        index = 0 if index is None else int(index)
+        for entry in stats.get("devices", []):
+            if entry.get("device") == index:
+                return _with_torch_keys(dict(entry))
+        raise ValueError(f"vramswap has no statistics for device {index}")
+    for entry in stats.get("devices", []):
+        _with_torch_keys(entry)
+    return _with_torch_keys(stats)
+
+
+def empty_cache():
+    """Returns vramswap's cached free memory to the device (torch.cuda.empty_cache)."""
+    from . import _lib
+    _lib.lib().vramswap_empty_cache()
+
+
 def reset_peak_stats():
+    """Resets the peaks (peak_allocated_bytes, peak_reserved_bytes, peak_resident_bytes,
+    peak_host_bytes and so their torch names) to the current values."""
     from . import _lib
     _lib.lib().vramswap_reset_peak_stats()
 

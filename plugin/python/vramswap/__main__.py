@@ -1,0 +1,120 @@
+"""`python3 -m vramswap run [--no-offload] -- [python] script.py args...`
+
+Runs an unmodified torch script under vramswap:
+  1. installs vramswap as torch's allocator, configured by the VRAMSWAP_* environment
+     (VRAMSWAP_LIMIT, VRAMSWAP_HORIZON, VRAMSWAP_STATS_FILE, VRAMSWAP_LOG, ...). Today that is
+     the CPU-emulation mode (vramswap.sim.install_cpu(): torch's CPU tensors on cudasim),
+     used when VRAMSWAP_TORCH_DEVICE=cpu-sim or when torch sees no CUDA device; the CUDA
+     install (vramswap.install()) is not written yet, so with a CUDA device and no
+     VRAMSWAP_TORCH_DEVICE=cpu-sim it stops with an error saying so;
+  2. opens one offload scope (vramswap.offload()) on the main thread for the whole script, so
+     that the tensors every forward saves for backward may be evicted (--no-offload: only the
+     allocator, e.g. to measure a script's peak without offload);
+  3. runs the script with runpy as __main__, with sys.argv = [script, args...] and the
+     script's directory first on sys.path, as `python3 script.py args...` would. `-m module`
+     in place of the script runs a module the same way.
+
+It writes nothing of its own to stdout or stderr; vramswap itself logs what VRAMSWAP_LOG
+asks, and writes VRAMSWAP_STATS_FILE at exit. The exit status is the script's.
+
+A leading interpreter (`-- python script.py`, `-- python3 ...`, `-- /usr/bin/python3 ...`)
+is skipped: the script runs in this interpreter.
+"""
+import contextlib
+import os
+import re
+import runpy
+import sys
+
+USAGE = """usage: python3 -m vramswap run [--no-offload] [--] [python] (script.py | -m module) [args...]
+
+Runs a torch script with vramswap as torch's allocator and the whole script inside one
+offload scope. Settings come from the VRAMSWAP_* environment (see README, "Configuration");
+VRAMSWAP_TORCH_DEVICE=cpu-sim (or no CUDA device) selects the CPU-emulation mode."""
+
+
+def _usage(status):
+    print(USAGE, file=sys.stderr if status else sys.stdout)
+    return status
+
+
+def _parse(argv):
+    """-> (offload, kind, target, args) with kind 'path' or 'module'; raises ValueError."""
+    offload = True
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            i += 1
+            break
+        if a == "--no-offload":
+            offload = False
+            i += 1
+            continue
+        if a.startswith("-") and a != "-m":
+            raise ValueError(f"unknown option {a}")
+        break
+    rest = argv[i:]
+    if rest and re.fullmatch(r"python[0-9.]*", os.path.basename(rest[0])):
+        rest = rest[1:]
+    if not rest:
+        raise ValueError("no script given")
+    if rest[0] == "-m":
+        if len(rest) < 2:
+            raise ValueError("-m needs a module name")
+        return offload, "module", rest[1], rest[2:]
+    return offload, "path", rest[0], rest[1:]
+
+
+def _install():
+    """Installs vramswap as torch's allocator; returns the module."""
+    import torch
+    mode = os.environ.get("VRAMSWAP_TORCH_DEVICE", "")
+    if mode not in ("", "cpu-sim"):
+        raise SystemExit(f"vramswap run: VRAMSWAP_TORCH_DEVICE={mode!r} is not known "
+                         "(accepted: cpu-sim, or unset)")
+    if mode != "cpu-sim" and torch.cuda.is_available():
+        raise SystemExit("vramswap run: a CUDA device is present, but vramswap.install() for CUDA "
+                         "is not written yet; set VRAMSWAP_TORCH_DEVICE=cpu-sim to run the script "
+                         "in the CPU-emulation mode")
+    import vramswap
+    vramswap.sim.install_cpu()  # idempotent: `import vramswap` may have done it (cpu-sim)
+    return vramswap
+
+
+def run(argv):
+    try:
+        offload, kind, target, args = _parse(argv)
+    except ValueError as e:
+        print(f"vramswap run: {e}", file=sys.stderr)
+        return _usage(2)
+    if kind == "path" and not os.path.exists(target):
+        print(f"vramswap run: can't open file {target!r}", file=sys.stderr)
+        return 2
+    vramswap = _install()
+    if kind == "path":
+        sys.argv = [target] + args
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+    else:
+        sys.argv = [target] + args  # runpy replaces argv[0] with the module's file
+        sys.path[0] = os.getcwd()
+    with (vramswap.offload() if offload else contextlib.nullcontext()):
+        if kind == "path":
+            runpy.run_path(target, run_name="__main__")
+        else:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        return _usage(0 if argv else 2)
+    if argv[0] != "run":
+        print(f"vramswap: unknown command {argv[0]!r}", file=sys.stderr)
+        return _usage(2)
+    return run(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
