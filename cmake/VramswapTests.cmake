@@ -14,7 +14,7 @@ set(VRAMSWAP_TEST_TIMEOUT 60)
 function(vramswap_add_test_executable name)
   cmake_parse_arguments(arg "" "" "LIBRARIES;SOURCES" ${ARGN})
   add_executable(${name} ${arg_SOURCES})
-  target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/tests)
   # cudasim_headers: cudasim.h, for the counters' type (the functions are found with dlsym,
   # since the toolkit's libcuda.so that the test links has no such symbols).
   target_link_libraries(${name} PRIVATE ${arg_LIBRARIES} CUDA::cudart CUDA::cuda_driver

@@ -24,9 +24,8 @@
 #include <vector>
 
 #include "residency/host_tier.h"
+#include "common/cuda_test_util.h"
 
-#define ASSERT_CUDA_OK(call) ASSERT_EQ(cudaSuccess, (call)) << "in " #call
-#define EXPECT_CUDA_OK(call) EXPECT_EQ(cudaSuccess, (call)) << "in " #call
 
 namespace vramswap::residency {
 // Printed by GoogleTest in failure messages.

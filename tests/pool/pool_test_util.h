@@ -33,17 +33,10 @@
 #include <thread>
 #include <vector>
 
+#include "common/cuda_test_util.h"
 #include "cuda/device.h"
 #include "cudasim.h"
 #include "pool/device_pool.h"
-
-// GoogleTest finds PrintTo by argument-dependent lookup: cudaError is a global enum.
-inline void PrintTo(cudaError error, std::ostream* os) {
-  *os << static_cast<int>(error) << " (" << cudaGetErrorName(error) << ")";
-}
-
-#define ASSERT_CUDA_OK(call) ASSERT_EQ(cudaSuccess, (call)) << "in " #call
-#define EXPECT_CUDA_OK(call) EXPECT_EQ(cudaSuccess, (call)) << "in " #call
 
 namespace vramswap::pool {
 // Printed by GoogleTest in failure messages.
@@ -162,17 +155,9 @@ inline bool mentions_size(const std::string& text, uint64_t bytes) {
   return false;
 }
 
-// Polls cudaStreamQuery until the stream is idle or `timeout` passes; returns the last
-// answer. Unlike cudaStreamSynchronize it cannot hang the case.
-inline cudaError_t wait_for_stream(cudaStream_t stream,
-                                   std::chrono::milliseconds timeout = kHangTimeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  cudaError_t status = cudaStreamQuery(stream);
-  while (status == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-    status = cudaStreamQuery(stream);
-  }
-  return status;
+// A polling wait that cannot hang a case (tests/common/cuda_test_util.h).
+inline cudaError_t wait_for_stream(cudaStream_t stream, std::chrono::milliseconds timeout = kHangTimeout) {
+  return cuda_test::wait_for_stream(stream, timeout);
 }
 
 // A non-blocking stream (no implicit synchronization with the legacy default stream, so a
@@ -199,31 +184,7 @@ class Stream {
   cudaError_t status_;
 };
 
-// Pinned host memory, freed (after a device synchronization) on destruction.
-class PinnedBuffer {
- public:
-  explicit PinnedBuffer(size_t size) : size_(size) {
-    status_ = cudaMallocHost(&ptr_, size);
-    if (status_ != cudaSuccess) ptr_ = nullptr;
-  }
-  ~PinnedBuffer() {
-    if (ptr_ != nullptr) {
-      cudaDeviceSynchronize();
-      cudaFreeHost(ptr_);
-    }
-  }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
-  cudaError_t status() const { return status_; }
-  unsigned char* get() const { return static_cast<unsigned char*>(ptr_); }
-  size_t size() const { return size_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_;
-  cudaError_t status_;
-};
+using cuda_test::PinnedBuffer;
 
 // The offset of the first of `n` bytes at `p` that is not `value`, or n when all are.
 inline size_t first_mismatch(const unsigned char* p, size_t n, unsigned char value) {

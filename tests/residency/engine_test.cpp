@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cuda_test_util.h"
 #include "pool/device_pool.h"
 #include "residency/engine.h"
 
@@ -28,7 +29,6 @@ using vramswap::residency::EngineStats;
 constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kBlock = 4 * kMiB;  // two granules
 
-#define ASSERT_CUDA_OK(call) ASSERT_EQ(cudaSuccess, (call)) << #call
 
 class EngineTest : public ::testing::Test {
  protected:

@@ -22,15 +22,8 @@
 #include <ostream>
 #include <thread>
 
+#include "common/cuda_test_util.h"
 #include "driver_test_util.h"
-
-// GoogleTest finds PrintTo by argument-dependent lookup: cudaError is a global enum.
-inline void PrintTo(cudaError error, std::ostream* os) {
-  *os << static_cast<int>(error) << " (" << cudaGetErrorName(error) << ")";
-}
-
-#define ASSERT_CUDA_OK(call) ASSERT_EQ(cudaSuccess, (call)) << "in " #call
-#define EXPECT_CUDA_OK(call) EXPECT_EQ(cudaSuccess, (call)) << "in " #call
 
 namespace cudasim_test {
 
@@ -39,30 +32,14 @@ constexpr std::chrono::milliseconds kHangTimeout{5000};
 // How long a test waits to see that something that must not happen does not.
 constexpr std::chrono::milliseconds kSettleTime{20};
 
-// Polls cudaStreamQuery until the stream is idle or `timeout` passes; returns the last
-// answer. Unlike cudaStreamSynchronize it cannot hang the test when the stream is
-// wrongly held behind other work.
-inline cudaError_t wait_for_stream(cudaStream_t stream,
-                                   std::chrono::milliseconds timeout = kHangTimeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  cudaError_t status = cudaStreamQuery(stream);
-  while (status == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    status = cudaStreamQuery(stream);
-  }
-  return status;
-}
+using cuda_test::PinnedBuffer;
 
-// The same for an event.
-inline cudaError_t wait_for_event(cudaEvent_t event,
-                                  std::chrono::milliseconds timeout = kHangTimeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  cudaError_t status = cudaEventQuery(event);
-  while (status == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    status = cudaEventQuery(event);
-  }
-  return status;
+// Polling waits that cannot hang a case (tests/common/cuda_test_util.h).
+inline cudaError_t wait_for_stream(cudaStream_t stream, std::chrono::milliseconds timeout = kHangTimeout) {
+  return cuda_test::wait_for_stream(stream, timeout);
+}
+inline cudaError_t wait_for_event(cudaEvent_t event, std::chrono::milliseconds timeout = kHangTimeout) {
+  return cuda_test::wait_for_event(event, timeout);
 }
 
 // Device memory from cudaMalloc, freed (after a device synchronization) on destruction.
@@ -93,44 +70,6 @@ class DeviceBuffer {
 
 // Pinned host memory from cudaMallocHost, freed (after a device synchronization) on
 // destruction.
-class PinnedBuffer {
- public:
-  explicit PinnedBuffer(size_t size, unsigned char fill = 0) : size_(size) {
-    status_ = cudaMallocHost(&ptr_, size);
-    if (status_ != cudaSuccess) {
-      ptr_ = nullptr;
-    } else {
-      std::memset(ptr_, fill, size);
-    }
-  }
-  ~PinnedBuffer() {
-    if (ptr_ != nullptr) {
-      cudaDeviceSynchronize();
-      cudaFreeHost(ptr_);
-    }
-  }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
-  cudaError_t status() const { return status_; }
-  unsigned char* get() const { return static_cast<unsigned char*>(ptr_); }
-  size_t size() const { return size_; }
-  // Reads one byte through a volatile access: another thread (a stream) may write it.
-  unsigned char at(size_t i) const { return static_cast<volatile unsigned char*>(ptr_)[i]; }
-  // True when every byte equals `value`.
-  bool all_equal(unsigned char value) const {
-    for (size_t i = 0; i < size_; ++i) {
-      if (at(i) != value) return false;
-    }
-    return true;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_;
-  cudaError_t status_;
-};
-
 // A stream owned by the test; destroyed on destruction.
 class Stream {
  public:
