@@ -88,7 +88,7 @@ class Engine::Impl {
     std::lock_guard lock(tagged_mu_);  // not mu_: a free must not wait behind a reclaim
     return tagged_.count(reinterpret_cast<uintptr_t>(ptr)) == 1;
   }
-  std::string pressure_report() const;
+  std::string pressure_report();
   pool::Result free_tagged(void* ptr, cudaStream_t stream);
   uint64_t pack(const void* ptr, cudaStream_t stream);
   void graph_begin() {
@@ -103,7 +103,7 @@ class Engine::Impl {
     std::lock_guard lock(mu_);
     return reclaim_locked(bytes);
   }
-  EngineStats stats() const;
+  EngineStats stats();
   void reset_peaks();
   void detach() { pool_.set_reclaimer(nullptr); }
   void trim_host() {
@@ -590,7 +590,7 @@ void Engine::Impl::maybe_soft_evict() {
   start_victims(resident - options_.soft_limit_bytes - leaving, UINT32_MAX);
 }
 
-std::string Engine::Impl::pressure_report() const {
+std::string Engine::Impl::pressure_report() {
   const EngineStats s = stats();
   const pool::PoolStats ps = pool_.stats();
   const uint64_t untagged = ps.allocated_bytes > s.tagged_bytes ? ps.allocated_bytes - s.tagged_bytes : 0;
@@ -602,8 +602,9 @@ std::string Engine::Impl::pressure_report() const {
          format_size(host_.limit_bytes()) + ".";
 }
 
-EngineStats Engine::Impl::stats() const {
+EngineStats Engine::Impl::stats() {
   std::lock_guard lock(mu_);
+  complete_copies(false);  // copies that have completed count as done
   EngineStats s = st_;
   const pool::PoolStats ps = pool_.stats();
   s.resident_bytes = ps.mapped_bytes;

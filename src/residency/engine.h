@@ -127,6 +127,8 @@ class Engine {
   // copies (the pool's reclaimer). Returns the bytes freed. Thread-safe.
   uint64_t reclaim(uint64_t bytes);
 
+  // The counters, after reaping the copies that have completed (so a block whose copy is
+  // done counts as evicted or restored). Thread-safe.
   EngineStats stats() const;
   void reset_peaks();
 
