@@ -39,27 +39,32 @@ CUresult check_legacy_implicit(const std::shared_ptr<Stream>& s) {
   return r;
 }
 
-CUresult stream_query(CUstream h, bool per_thread) {
-  CUresult err;
-  auto s = resolve_stream(h, per_thread, &err);
-  if (!s) return err;
+// The stream a handle names, for a call that must wait on or inspect its work: refused
+// (*err set, null returned) while it captures, which invalidates the capture as CUDA does,
+// or when it is the legacy stream and a blocking stream captures.
+std::shared_ptr<Stream> resolve_for_host_wait(CUstream h, bool per_thread, CUresult* err) {
+  auto s = resolve_stream(h, per_thread, err);
+  if (!s) return nullptr;
   if (auto cap = s->capture()) {
     cap->invalidated = true;
-    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    *err = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    return nullptr;
   }
-  if (CUresult r = check_legacy_implicit(s)) return r;
+  if ((*err = check_legacy_implicit(s)) != CUDA_SUCCESS) return nullptr;
+  return s;
+}
+
+CUresult stream_query(CUstream h, bool per_thread) {
+  CUresult err;
+  auto s = resolve_for_host_wait(h, per_thread, &err);
+  if (!s) return err;
   return s->idle() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 CUresult stream_synchronize(CUstream h, bool per_thread) {
   CUresult err;
-  auto s = resolve_stream(h, per_thread, &err);
+  auto s = resolve_for_host_wait(h, per_thread, &err);
   if (!s) return err;
-  if (auto cap = s->capture()) {
-    cap->invalidated = true;
-    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  }
-  if (CUresult r = check_legacy_implicit(s)) return r;
   s->synchronize();
   return CUDA_SUCCESS;
 }
