@@ -164,6 +164,7 @@ class Engine::Impl {
   std::set<cudaStream_t> streams_;  // streams seen, for the capture check
   policy::UseOrder order_;
   uint64_t graph_ = 1, seq_ = 0;
+  uint64_t unmapped_total_ = 0;  // device bytes freed by completed evictions, ever (reclaim's measure)
 
   EngineStats st_;
 };
@@ -491,6 +492,7 @@ void Engine::Impl::finish(uint32_t slot) {
       pool::Result r = pool_.unmap_block(reinterpret_cast<void*>(s.addr));
       if (!r.ok) throw cuda::CudaError("eviction of " + hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
       s.residency = Residency::kEvicted;
+      unmapped_total_ += s.placed;
       st_.evicted_bytes += s.placed;
       st_.bytes_evicted_total += s.requested;
       ++st_.num_evictions;
@@ -570,13 +572,23 @@ uint64_t Engine::Impl::start_victims(uint64_t bytes, uint32_t except) {
 
 uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, uint32_t except) {
   if (any_capturing()) return 0;
-  uint64_t on_the_way = 0;  // evictions already in flight free their pages too
-  for (uint32_t slot : in_flight_)
-    if (slots_[slot].residency == Residency::kEvicting && !slots_[slot].cancel) on_the_way += slots_[slot].placed;
-  if (on_the_way < bytes) start_victims(bytes - on_the_way, except);
-  const uint64_t evicted_before = st_.evicted_bytes;
-  complete_copies(true);
-  return st_.evicted_bytes > evicted_before ? st_.evicted_bytes - evicted_before : 0;
+  const uint64_t unmapped_before = unmapped_total_;
+  // Copies that already landed first: a fetch that completed makes its block resident, and
+  // it may be a victim by now (the window moved on while it was in flight).
+  complete_copies(false);
+  // Two rounds: waiting for the copies of the first may land fetches whose blocks are
+  // victims for the second.
+  for (int round = 0; round < 2; ++round) {
+    uint64_t on_the_way = 0;  // evictions already in flight free their pages too
+    for (uint32_t slot : in_flight_)
+      if (slots_[slot].residency == Residency::kEvicting && !slots_[slot].cancel) on_the_way += slots_[slot].placed;
+    const uint64_t freed = unmapped_total_ - unmapped_before;
+    if (freed + on_the_way < bytes) start_victims(bytes - freed - on_the_way, except);
+    if (in_flight_.empty()) break;
+    complete_copies(true);
+    if (unmapped_total_ - unmapped_before >= bytes) break;
+  }
+  return unmapped_total_ - unmapped_before;
 }
 
 void Engine::Impl::maybe_soft_evict() {
