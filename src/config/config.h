@@ -74,11 +74,12 @@ struct KeySpec {
 };
 
 // VRAMSWAP_* variables that the Python package reads and the library does not (where to
-// find the libraries, the torch extension's cache, the CPU-emulation switch): parse()
-// neither parses nor warns about them; vramswap_configure refuses them as unknown.
+// find the libraries, the torch extensions' cache, the CPU-emulation switch, the path of
+// vramswap.install()): parse() neither parses nor warns about them; vramswap_configure
+// refuses them as unknown.
 inline constexpr std::string_view kPythonKeys[] = {
     "VRAMSWAP_TORCH_DEVICE", "VRAMSWAP_LIBRARY", "VRAMSWAP_CUDASIM_DIR", "VRAMSWAP_CACHE_DIR",
-    "VRAMSWAP_TORCH_EXT"};
+    "VRAMSWAP_TORCH_EXT", "VRAMSWAP_TORCH_EXT_CUDA"};
 bool is_python_key(std::string_view name);
 
 // The table, in the order the README lists it. Thread-safe: immutable.

@@ -1,13 +1,14 @@
 """vramswap for PyTorch: saved activations evicted to host memory under pressure.
 
 What exists so far (see DESIGN.md, "Who uses it and how"):
+  vramswap.install(**config)          libvramswap.so as torch's CUDA allocator (cuda.py),
+                                      before torch initializes CUDA; vramswap.installed()
   vramswap.sim.install_cpu(**config)  the CPU-emulation mode: torch's CPU tensors are
                                       allocated by libvramswap.so on cudasim (no GPU needed)
   vramswap.offload()                  the autograd tracker (saved-tensor hooks)
   vramswap.memory_stats()             vramswap_stats_json as a dict, plus torch's key names
   vramswap.reset_peak_stats(), vramswap.empty_cache()
   python3 -m vramswap run -- script.py  an unmodified script under a process-wide offload (__main__.py)
-Not yet: vramswap.install() for CUDA (CUDAPluggableAllocator).
 Setting VRAMSWAP_TORCH_DEVICE=cpu-sim makes `import vramswap` install the CPU-emulation
 mode at once (with the VRAMSWAP_* environment).
 """
@@ -17,10 +18,11 @@ import os
 
 from . import sim
 from ._lib import VramswapError
+from .cuda import install, installed
 from .tracker import offload, tracker_stats
 
-__all__ = ["sim", "offload", "memory_stats", "reset_peak_stats", "empty_cache", "tracker_stats",
-           "VramswapError"]
+__all__ = ["install", "installed", "sim", "offload", "memory_stats", "reset_peak_stats",
+           "empty_cache", "tracker_stats", "VramswapError"]
 
 
 # torch.cuda.memory_stats() key -> the vramswap key that means the same thing. Left out on

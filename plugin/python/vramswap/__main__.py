@@ -2,11 +2,13 @@
 
 Runs an unmodified torch script under vramswap:
   1. installs vramswap as torch's allocator, configured by the VRAMSWAP_* environment
-     (VRAMSWAP_LIMIT, VRAMSWAP_HORIZON, VRAMSWAP_STATS_FILE, VRAMSWAP_LOG, ...). Today that is
-     the CPU-emulation mode (vramswap.sim.install_cpu(): torch's CPU tensors on cudasim),
-     used when VRAMSWAP_TORCH_DEVICE=cpu-sim or when torch sees no CUDA device; the CUDA
-     install (vramswap.install()) is not written yet, so with a CUDA device and no
-     VRAMSWAP_TORCH_DEVICE=cpu-sim it stops with an error saying so;
+     (VRAMSWAP_LIMIT, VRAMSWAP_HORIZON, VRAMSWAP_STATS_FILE, VRAMSWAP_LOG, ...; libvramswap.so
+     reads them when it loads): with a CUDA device, vramswap.install(), torch's CUDA
+     allocator swapped before the script can initialize CUDA (VRAMSWAP_TORCH_EXT_CUDA picks
+     its path, see cuda.py); with VRAMSWAP_TORCH_DEVICE=cpu-sim, or when torch has no CUDA
+     or sees no device, the CPU-emulation mode (vramswap.sim.install_cpu(): torch's CPU
+     tensors on cudasim). An install that is refused stops the run with vramswap's message
+     and exit status 2;
   2. opens one offload scope (vramswap.offload()) on the main thread for the whole script, so
      that the tensors every forward saves for backward may be evicted (--no-offload: only the
      allocator, e.g. to measure a script's peak without offload);
@@ -29,7 +31,8 @@ import sys
 USAGE = """usage: python3 -m vramswap run [--no-offload] [--] [python] (script.py | -m module) [args...]
 
 Runs a torch script with vramswap as torch's allocator and the whole script inside one
-offload scope. Settings come from the VRAMSWAP_* environment (see README, "Configuration");
+offload scope. Settings come from the VRAMSWAP_* environment (see README, "Configuration").
+With a CUDA device, vramswap becomes torch's CUDA allocator (vramswap.install());
 VRAMSWAP_TORCH_DEVICE=cpu-sim (or no CUDA device) selects the CPU-emulation mode."""
 
 
@@ -73,12 +76,17 @@ def _install():
     if mode not in ("", "cpu-sim"):
         raise SystemExit(f"vramswap run: VRAMSWAP_TORCH_DEVICE={mode!r} is not known "
                          "(accepted: cpu-sim, or unset)")
-    if mode != "cpu-sim" and torch.cuda.is_available():
-        raise SystemExit("vramswap run: a CUDA device is present, but vramswap.install() for CUDA "
-                         "is not written yet; set VRAMSWAP_TORCH_DEVICE=cpu-sim to run the script "
-                         "in the CPU-emulation mode")
     import vramswap
-    vramswap.sim.install_cpu()  # idempotent: `import vramswap` may have done it (cpu-sim)
+    # torch.cuda.is_available() does not initialize CUDA, so the swap is still possible after it.
+    on_cuda = mode != "cpu-sim" and torch.version.cuda is not None and torch.cuda.is_available()
+    try:
+        if on_cuda:
+            vramswap.install()
+        else:
+            vramswap.sim.install_cpu()  # idempotent: `import vramswap` may have done it (cpu-sim)
+    except (vramswap.VramswapError, ValueError) as e:
+        print(f"vramswap run: {e}", file=sys.stderr)
+        raise SystemExit(2)
     return vramswap
 
 

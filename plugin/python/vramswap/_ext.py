@@ -1,36 +1,61 @@
-"""Building and loading the LibTorch extension (csrc/cpu_sim.cpp).
+"""Building and loading vramswap's LibTorch extensions (csrc/*.cpp).
 
-The extension is compiled against the torch that is imported (its headers and libc10 /
-libtorch_cpu), on first use, with the system C++ compiler, into a cache directory keyed by
-the source and torch's version, so it always matches the running torch. Override:
-  VRAMSWAP_TORCH_EXT      the path of a prebuilt extension library (e.g. from CMake)
+Two extensions, each compiled against the torch that is imported (its headers and
+libraries), on first use, with the system C++ compiler, into a cache directory keyed by the
+source and torch's version, so it always matches the running torch:
+  csrc/cpu_sim.cpp     the CPU-emulation mode's allocator and the tracker's storage use
+                       count (torch.ops.vramswap); load() / build()
+  csrc/cuda_alloc.cpp  vramswap.install()'s CUDA allocator through LibTorch's
+                       CUDAPluggableAllocator (torch.ops.vramswap_cuda); load_cuda() /
+                       build(kind="cuda"). It needs a torch 2.x built with CUDA, with its
+                       C++ headers (torch/csrc/cuda/CUDAPluggableAllocator.h; torch's wheels
+                       ship them) and libraries (libc10_cuda, libtorch_cuda), and the CUDA
+                       runtime's headers.
+Overrides:
+  VRAMSWAP_TORCH_EXT      the path of a prebuilt CPU extension (e.g. from CMake)
   VRAMSWAP_CACHE_DIR      where built extensions are kept; default ~/.cache/vramswap
   CXX                     the compiler; default g++
+  CUDA_HOME / CUDA_PATH   the CUDA Toolkit whose include/ the CUDA extension is compiled
+                          with; default: torch.utils.cpp_extension's choice, /usr/local/cuda,
+                          or the nvidia-cuda-runtime wheels beside torch
 
-Thread safety: load() is idempotent and guarded by a lock.
+Thread safety: load() and load_cuda() are idempotent and guarded by a lock.
 """
 import hashlib
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import torch
 
-_SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_sim.cpp"
+_CSRC = Path(__file__).resolve().parent / "csrc"
+_SOURCE = _CSRC / "cpu_sim.cpp"
+_CUDA_SOURCE = _CSRC / "cuda_alloc.cpp"
+_CUDA_HEADER = Path("torch") / "csrc" / "cuda" / "CUDAPluggableAllocator.h"
 _lock = threading.Lock()
 _loaded = False
+_cuda_loaded = False
 
 
-def _include_dirs():
+class ExtensionUnavailable(RuntimeError):
+    """The extension cannot be built with this torch (headers or toolkit missing); the
+    message says what is missing."""
+
+
+def _torch_include_base():
     # Debian's python3-torch keeps headers in /usr/include; wheels under torch/include.
-    dirs = []
     pkg = Path(torch.__file__).resolve().parent / "include"
     for base in (pkg, Path("/usr/include")):
         if (base / "c10" / "core" / "CPUAllocator.h").exists():
-            dirs += [base, base / "torch" / "csrc" / "api" / "include"]
-            break
-    return [str(d) for d in dirs]
+            return base
+    return None
+
+
+def _include_dirs():
+    base = _torch_include_base()
+    return [str(base), str(base / "torch" / "csrc" / "api" / "include")] if base else []
 
 
 def _lib_dirs():
@@ -38,26 +63,77 @@ def _lib_dirs():
     return [str(pkg_lib)] if (pkg_lib / "libc10.so").exists() else []
 
 
-def build(out_dir=None):
-    """Compiles the extension (if not cached) and returns its path."""
-    src = _SOURCE.read_bytes()
+def cuda_include_dir():
+    """The directory holding cuda_runtime_api.h for the CUDA extension, or None."""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    try:
+        from torch.utils import cpp_extension
+        candidates.append(cpp_extension.CUDA_HOME)
+    except Exception:  # an old or trimmed torch: the other candidates remain
+        pass
+    candidates.append("/usr/local/cuda")
+    dirs = [Path(c) / "include" for c in candidates if c]
+    # pip's CUDA runtime wheels (torch's own dependency) put the headers in site-packages.
+    for site in sys.path:
+        for sub in ("nvidia/cuda_runtime/include", "nvidia/cu13/include", "nvidia/cu12/include"):
+            dirs.append(Path(site) / sub)
+    for d in dirs:
+        if (d / "cuda_runtime_api.h").exists():
+            return str(d)
+    return None
+
+
+def _cuda_flags():
+    """-I/-l flags of the CUDA extension; raises ExtensionUnavailable saying what is missing."""
+    if torch.version.cuda is None:
+        raise ExtensionUnavailable(f"torch {torch.__version__} is built without CUDA")
+    base = _torch_include_base()
+    if base is None or not (base / _CUDA_HEADER).exists():
+        where = base or Path(torch.__file__).resolve().parent / "include"
+        raise ExtensionUnavailable(
+            f"torch {torch.__version__} has no C++ header {_CUDA_HEADER} under {where} "
+            "(torch 2.x ships it with its C++ headers)")
+    cuda_inc = cuda_include_dir()
+    if cuda_inc is None:
+        raise ExtensionUnavailable(
+            "the CUDA runtime's headers (cuda_runtime_api.h) were not found: set CUDA_HOME to "
+            "the CUDA Toolkit")
+    return [f"-I{cuda_inc}"], ["-lc10_cuda", "-ltorch_cuda"]
+
+
+def build(out_dir=None, kind="cpu"):
+    """Compiles the extension (if not cached) and returns its path. `kind`: "cpu"
+    (csrc/cpu_sim.cpp) or "cuda" (csrc/cuda_alloc.cpp; raises ExtensionUnavailable when this
+    torch cannot build it)."""
+    if kind == "cpu":
+        source, prefix, extra_inc, extra_libs, salt = _SOURCE, "libvramswap_torch_", [], [], b""
+    elif kind == "cuda":
+        extra_inc, extra_libs = _cuda_flags()
+        source, prefix = _CUDA_SOURCE, "libvramswap_torch_cuda_"
+        salt = str(torch.version.cuda).encode()
+    else:
+        raise ValueError(f"unknown extension kind {kind!r} (accepted: cpu, cuda)")
+    src = source.read_bytes()
     key = hashlib.sha256(src + torch.__version__.encode()
-                         + str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()).hexdigest()[:16]
+                         + str(torch._C._GLIBCXX_USE_CXX11_ABI).encode() + salt).hexdigest()[:16]
     cache = Path(out_dir or os.environ.get("VRAMSWAP_CACHE_DIR")
                  or Path.home() / ".cache" / "vramswap")
     cache.mkdir(parents=True, exist_ok=True)
-    out = cache / f"libvramswap_torch_{key}.so"
+    out = cache / f"{prefix}{key}.so"
     if out.exists():
         return out
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     cmd = [os.environ.get("CXX", "g++"), "-std=c++17", "-O2", "-fPIC", "-shared",
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
-    cmd += [f"-I{d}" for d in _include_dirs()]
-    cmd += [str(_SOURCE), "-o", str(tmp)]
+    cmd += [f"-I{d}" for d in _include_dirs()] + extra_inc
+    cmd += [str(source), "-o", str(tmp)]
     for d in _lib_dirs():
         cmd += [f"-L{d}", f"-Wl,-rpath,{d}"]
-    cmd += ["-lc10", "-ltorch_cpu"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    cmd += ["-lc10", "-ltorch_cpu"] + extra_libs
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:  # no compiler
+        raise RuntimeError(f"building vramswap's torch extension failed: {cmd[0]}: {e}") from e
     if res.returncode != 0:
         raise RuntimeError("building vramswap's torch extension failed:\n"
                            + " ".join(cmd) + "\n" + res.stderr[-4000:])
@@ -66,7 +142,7 @@ def build(out_dir=None):
 
 
 def load():
-    """Loads the extension into torch (torch.ops.vramswap.*)."""
+    """Loads the CPU extension into torch (torch.ops.vramswap.*)."""
     global _loaded
     with _lock:
         if not _loaded:
@@ -74,3 +150,14 @@ def load():
             torch.ops.load_library(path)
             _loaded = True
     return torch.ops.vramswap
+
+
+def load_cuda():
+    """Loads the CUDA extension into torch (torch.ops.vramswap_cuda.*), building it first;
+    raises ExtensionUnavailable or RuntimeError (a failed build) when it cannot."""
+    global _cuda_loaded
+    with _lock:
+        if not _cuda_loaded:
+            torch.ops.load_library(str(build(kind="cuda")))
+            _cuda_loaded = True
+    return torch.ops.vramswap_cuda

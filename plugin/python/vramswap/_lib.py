@@ -10,6 +10,10 @@ cudasim is loaded with RTLD_GLOBAL *before* libvramswap.so, so the loader satisf
 library's DT_NEEDED entries (libcudart.so.13, libcuda.so.1) with cudasim's objects, which
 carry those sonames: no LD_LIBRARY_PATH is needed in the CPU-emulation mode.
 
+The library is loaded once per process, for one of the two install modes: on cudasim for
+the CPU-emulation mode (vramswap.sim.install_cpu), or on the real CUDA runtime and driver
+for vramswap.install() (cuda.py). Once loaded for one, load() refuses the other.
+
 Thread safety: load() is idempotent and guarded by a lock; the returned objects are
 immutable after loading.
 """
@@ -22,6 +26,8 @@ _REPO_ROOT = Path(__file__).resolve().parents[3]
 _lock = threading.Lock()
 _lib = None
 _cudart = None
+_loaded_path = None   # the path libvramswap.so was loaded from
+_loaded_for = None    # "cpu-sim" or "cuda": the install mode that loaded it
 
 
 class VramswapError(RuntimeError):
@@ -43,6 +49,7 @@ def _declare(lib):
     sigs = {
         "vramswap_malloc": (vp, [sz, i, vp]),
         "vramswap_free": (None, [vp, sz, i, vp]),
+        "vramswap_record_stream": (None, [vp, vp]),
         "vramswap_empty_cache": (None, []),
         "vramswap_configure": (i, [cp, cp]),
         "vramswap_last_error": (cp, []),
@@ -63,15 +70,31 @@ def _declare(lib):
         fn.argtypes = args
 
 
-def load(cudasim=False):
-    """Returns the ctypes handle of libvramswap.so, loading it (after cudasim when
-    `cudasim` is true) on the first call. Raises VramswapError when a file is missing."""
-    global _lib, _cudart
+def load(cudasim=False, cuda=False):
+    """Returns the ctypes handle of libvramswap.so, loading it on the first call: after
+    cudasim when `cudasim` is true (the CPU-emulation mode), on the CUDA runtime and driver
+    the loader finds when `cuda` is true (vramswap.install()). Raises VramswapError when a
+    file is missing, or when the library is already loaded for the other mode."""
+    global _lib, _cudart, _loaded_path, _loaded_for
     with _lock:
         if _lib is not None:
+            if cudasim and _loaded_for == "cuda":
+                raise VramswapError(
+                    "vramswap.install() already made libvramswap.so torch's CUDA allocator in "
+                    "this process, so the CPU-emulation mode (vramswap.sim.install_cpu()) cannot "
+                    "be installed beside it: the library is loaded once per process, for one mode. "
+                    "Use the CPU-emulation mode in a process of its own")
             if cudasim and _cudart is None:
                 raise VramswapError("libvramswap.so is already loaded without cudasim; "
                                     "the CPU-emulation mode must be installed first")
+            if cuda and _cudart is not None:
+                raise VramswapError(
+                    "libvramswap.so is already loaded on cudasim for the CPU-emulation mode "
+                    "(vramswap.sim.install_cpu()), so vramswap.install() cannot make it torch's "
+                    "CUDA allocator in this process: the library is loaded once per process, for "
+                    "one mode. Use vramswap.install() in a process of its own")
+            if cuda and _loaded_for is None:
+                _loaded_for = "cuda"
             return _lib
         if cudasim:
             sim = cudasim_dir()
@@ -86,16 +109,32 @@ def load(cudasim=False):
         path = library_path()
         if not path.exists():
             raise VramswapError(f"{path} not found (set VRAMSWAP_LIBRARY or build the project)")
-        lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        try:
+            lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            if cudasim:
+                raise
+            raise VramswapError(
+                f"cannot load {path}: {e}. libvramswap.so needs the CUDA 13 runtime "
+                "(libcudart.so.13, from the CUDA Toolkit 13) and the NVIDIA driver's libcuda.so.1 "
+                "on the loader's path (LD_LIBRARY_PATH or ldconfig)") from e
         _declare(lib)
         _lib = lib
+        _loaded_path = str(path)
+        _loaded_for = "cpu-sim" if cudasim else ("cuda" if cuda else None)
         return _lib
+
+
+def loaded_path():
+    """The path libvramswap.so was loaded from (as given to dlopen), or None."""
+    return _loaded_path
 
 
 def lib():
     """The loaded library; raises if neither install mode has loaded it yet."""
     if _lib is None:
-        raise VramswapError("vramswap is not installed: call vramswap.sim.install_cpu() first")
+        raise VramswapError("vramswap is not installed: call vramswap.install() (CUDA) or "
+                            "vramswap.sim.install_cpu() (the CPU-emulation mode) first")
     return _lib
 
 
@@ -111,3 +150,22 @@ def last_error():
 def check(rc, what):
     if rc != 0:
         raise VramswapError(f"{what}: {last_error()}")
+
+
+def config_name(key):
+    """The VRAMSWAP_* variable a configuration keyword names: `limit`, `LIMIT` and
+    `vramswap_limit` all name VRAMSWAP_LIMIT."""
+    name = key if key.upper().startswith("VRAMSWAP_") else "VRAMSWAP_" + key.upper()
+    return name.upper()
+
+
+def configure(lib, config):
+    """Applies `config` ({keyword: value}, keywords as config_name() reads them; True/False
+    become 1/0) through vramswap_configure, in order. Raises ValueError with vramswap's
+    message (which names the variable, the value and what is accepted) at the first value
+    refused; the keys before it stay applied."""
+    for key, value in config.items():
+        if isinstance(value, bool):
+            value = "1" if value else "0"
+        if lib.vramswap_configure(config_name(key).encode(), str(value).encode()) != 0:
+            raise ValueError(last_error())

@@ -25,15 +25,6 @@ from . import _ext, _lib
 _installed = False
 
 
-def _configure(lib, config):
-    for key, value in config.items():
-        name = key if key.upper().startswith("VRAMSWAP_") else "VRAMSWAP_" + key.upper()
-        if isinstance(value, bool):
-            value = "1" if value else "0"
-        if lib.vramswap_configure(name.upper().encode(), str(value).encode()) != 0:
-            raise ValueError(_lib.last_error())
-
-
 def install_cpu(**config):
     """Makes vramswap (on cudasim) torch's CPU allocator. `config`: VRAMSWAP_* keys, with or
     without the prefix, any case (limit="48MiB", horizon=2). Settings of the pool
@@ -41,7 +32,7 @@ def install_cpu(**config):
     again only applies `config`."""
     global _installed
     lib = _lib.load(cudasim=True)
-    _configure(lib, config)
+    _lib.configure(lib, config)
     if _installed:
         return
     ops = _ext.load()
