@@ -583,6 +583,7 @@ uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, uint32_t except) {
     for (uint32_t slot : in_flight_)
       if (slots_[slot].residency == Residency::kEvicting && !slots_[slot].cancel) on_the_way += slots_[slot].placed;
     const uint64_t freed = unmapped_total_ - unmapped_before;
+    if (freed >= bytes) break;  // the evictions reaped above were enough: no waiting
     if (freed + on_the_way < bytes) start_victims(bytes - freed - on_the_way, except);
     if (in_flight_.empty()) break;
     complete_copies(true);

@@ -1,0 +1,261 @@
+// residency::Engine's reclaim (the pool's reclaimer) and fetches the engine has not reaped
+// yet. A block whose fetch (prefetch or fault) was still in flight, or had landed but was
+// not yet reaped by the engine, is kFetching inside the engine, so choosing victims before
+// reaping the copies passed it over even when it was cold, not unpacked and outside the
+// prefetch window; waiting for the copies then made it resident and evictable, but the
+// reclaim was over: it returned 0 and the allocation failed with a report saying
+// "4 MiB evictable" (seen in the second training step's backward of a torch run). These
+// cases fail that way when reclaim chooses its victims before the copies are reaped, tries
+// only one round, or measures what it freed as the net change of the bytes on the host
+// (which landing fetches decrease).
+//
+// * A fetch that landed but was not reaped: reachable through the public API alone. The
+//   engine reaps at the start of most calls (unpack, prefetch, mark_cold, free_tagged,
+//   allocate_tagged after its allocation, stats, pressure_report), so the case starts the
+//   fetch with the last call before the allocation and lets it land with a device
+//   synchronization.
+// * A fetch still in flight when the allocation comes: its H2D copy must be held back, and
+//   it waits for nothing the caller queues (start_fetch copies on the engine's own H2D
+//   stream with no event wait). The engine does not expose that stream, so this file
+//   interposes cudaStreamCreateWithPriority (the engine creates its copy streams with it,
+//   the H2D one with the greatest priority; nothing else in this executable does) to learn
+//   its handle, and holds it with a StreamGate (tests/pool/pool_test_util.h).
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/cuda_test_util.h"
+#include "pool/device_pool.h"
+#include "pool/pool_test_util.h"
+#include "residency/engine.h"
+
+namespace {
+
+// The streams created through cudaStreamCreateWithPriority while `recording` (the engine's
+// copy streams), with their priorities.
+struct CreatedStreams {
+  std::mutex mu;
+  bool recording = false;
+  std::vector<std::pair<cudaStream_t, int>> streams;
+};
+CreatedStreams& created_streams() {
+  static CreatedStreams c;
+  return c;
+}
+
+}  // namespace
+
+// Interposed for the engine (src/cuda/stream.cpp is linked statically into this executable,
+// so its call binds here); forwards to cudasim's libcudart.
+cudaError_t CUDARTAPI cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
+  using Fn = cudaError_t (*)(cudaStream_t*, unsigned int, int);
+  static const Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "cudaStreamCreateWithPriority"));
+  if (real == nullptr) return cudaErrorUnknown;
+  const cudaError_t status = real(stream, flags, priority);
+  CreatedStreams& c = created_streams();
+  std::lock_guard lock(c.mu);
+  if (status == cudaSuccess && c.recording) c.streams.emplace_back(*stream, priority);
+  return status;
+}
+
+namespace {
+
+using pool_test::LetGoLater;
+using pool_test::StreamGate;
+using vramswap::pool::DevicePool;
+using vramswap::pool::PoolOptions;
+using vramswap::residency::Engine;
+using vramswap::residency::EngineOptions;
+using vramswap::residency::EngineStats;
+
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr size_t kBlock = 4 * kMiB;  // two granules
+
+class ReclaimTest : public ::testing::Test {
+ protected:
+  // A pool limited to `limit` bytes and its engine; h2d_ is the engine's fetch stream.
+  void start(uint64_t limit, EngineOptions options) {
+    options.host_limit_bytes = 512 * kMiB;
+    pool_ = std::make_unique<DevicePool>(PoolOptions{0, limit});
+    CreatedStreams& c = created_streams();
+    {
+      std::lock_guard lock(c.mu);
+      c.streams.clear();
+      c.recording = true;
+    }
+    engine_ = std::make_unique<Engine>(*pool_, options);
+    {
+      std::lock_guard lock(c.mu);
+      c.recording = false;
+      // The copy stream with the greatest priority (the lowest number) is the H2D one.
+      for (auto& [s, priority] : c.streams) {
+        if (h2d_ == nullptr || priority < h2d_priority_) {
+          h2d_ = s;
+          h2d_priority_ = priority;
+        }
+      }
+    }
+    ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  void TearDown() override {
+    if (stream_) cudaStreamSynchronize(stream_);
+    engine_.reset();
+    pool_.reset();
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  // A tagged block filled with `seed`'s pattern by a copy on the compute stream; nullptr
+  // (a failure recorded, with the engine's report) when it found no room.
+  void* tagged(uint8_t seed, size_t size = kBlock) {
+    std::string error;
+    void* p = engine_->allocate_tagged(size, stream_, &error);
+    EXPECT_NE(nullptr, p) << error;
+    if (!p) return nullptr;
+    std::vector<uint8_t> pattern(size);
+    for (size_t i = 0; i < size; ++i) pattern[i] = uint8_t(seed + i * 7);
+    EXPECT_EQ(cudaSuccess, cudaMemcpyAsync(p, pattern.data(), size, cudaMemcpyHostToDevice, stream_));
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream_));
+    return p;
+  }
+  // Reads the block back on the compute stream (after an unpack) and checks the pattern.
+  ::testing::AssertionResult holds(void* p, uint8_t seed, size_t size = kBlock) {
+    std::vector<uint8_t> back(size);
+    if (cudaMemcpyAsync(back.data(), p, size, cudaMemcpyDeviceToHost, stream_) != cudaSuccess ||
+        cudaStreamSynchronize(stream_) != cudaSuccess)
+      return ::testing::AssertionFailure() << "the copy back failed";
+    for (size_t i = 0; i < size; ++i)
+      if (back[i] != uint8_t(seed + i * 7))
+        return ::testing::AssertionFailure() << "byte " << i << " is " << int(back[i]) << ", expected "
+                                             << int(uint8_t(seed + i * 7));
+    return ::testing::AssertionSuccess();
+  }
+  uint64_t pack_cold(void* p) {
+    uint64_t h = engine_->pack(p, stream_);
+    EXPECT_NE(0u, h);
+    EXPECT_TRUE(engine_->mark_cold(h, stream_).ok);
+    return h;
+  }
+  EngineStats stats() { return engine_->stats(); }
+
+  std::unique_ptr<DevicePool> pool_;
+  std::unique_ptr<Engine> engine_;
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t h2d_ = nullptr;
+  int h2d_priority_ = 0;
+};
+
+// Backward is using b; a was evicted and is prefetched; the prefetch lands but no engine
+// call reaps it before an allocation needs a block's room. a (cold, not unpacked, nothing
+// protected with horizon 0) is the only block that can go: the reclaim must reap the fetch
+// and evict a, not report out of memory with a evictable.
+TEST_F(ReclaimTest, AFetchThatLandedButWasNotReapedIsAVictim) {
+  EngineOptions options;
+  options.horizon = 0;
+  start(8 * kMiB, options);  // two blocks
+  engine_->graph_begin();
+  void* a = tagged(1);
+  const uint64_t ha = pack_cold(a);
+  void* b = tagged(2);
+  const uint64_t hb = pack_cold(b);
+  void* c = tagged(3);  // evicts a (needed last)
+  ASSERT_NE(nullptr, c);
+  ASSERT_EQ(1u, stats().num_evictions);
+  ASSERT_TRUE(engine_->free_tagged(c, stream_).ok);
+  ASSERT_TRUE(engine_->unpack(hb, stream_).ok);  // backward needs b: in use, not a victim
+  ASSERT_TRUE(engine_->prefetch(ha).ok);         // a comes back (the limit is full again)
+  // The fetch lands; no engine call reaps it before the allocation below.
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  std::string error;
+  void* d = engine_->allocate_tagged(kBlock, stream_, &error);
+  ASSERT_NE(nullptr, d) << "a (cold, not unpacked, outside the window) had landed and could go: " << error;
+  EngineStats s = stats();
+  EXPECT_EQ(2u, s.num_evictions) << "a again";
+  EXPECT_EQ(1u, s.num_prefetches);
+  EXPECT_LE(s.resident_bytes, 8 * kMiB);
+  // Backward goes on: b is done with, then a is needed (a fault now) and intact.
+  EXPECT_TRUE(holds(b, 2));
+  ASSERT_TRUE(engine_->release(hb).ok);
+  ASSERT_TRUE(engine_->free_tagged(b, stream_).ok);
+  ASSERT_TRUE(engine_->unpack(ha, stream_).ok);
+  EXPECT_TRUE(holds(a, 1));
+  EXPECT_EQ(1u, stats().num_faults);
+  ASSERT_TRUE(engine_->release(ha).ok);
+  ASSERT_TRUE(engine_->free_tagged(a, stream_).ok);
+  ASSERT_TRUE(engine_->free_tagged(d, stream_).ok);
+}
+
+// The window moves on while a prefetch is in flight: unpack(c) prefetches b (the window of
+// 1), then backward needs a before b (an order the prediction missed), so the cursor jumps
+// past b. b's fetch, held back on the engine's H2D stream, is still in flight when an
+// allocation needs a block's room; b is cold, not unpacked and outside the window: once its
+// fetch lands (waited for by the reclaim) it must be evicted in the same reclaim.
+TEST_F(ReclaimTest, AFetchStillInFlightWhenTheWindowMovesOnIsAVictimOnceItLands) {
+  EngineOptions options;
+  options.horizon = 1;
+  start(12 * kMiB, options);  // three blocks
+  ASSERT_NE(nullptr, h2d_) << "the engine's H2D stream was not seen being created";
+  engine_->graph_begin();
+  void* a = tagged(1);
+  const uint64_t ha = pack_cold(a);
+  void* b = tagged(2);
+  const uint64_t hb = pack_cold(b);
+  void* c = tagged(3);
+  const uint64_t hc = pack_cold(c);
+  // Forward goes on: a, then b go to the host (c is the window).
+  void* d = tagged(4);
+  ASSERT_NE(nullptr, d);
+  void* e = tagged(5);
+  ASSERT_NE(nullptr, e);
+  ASSERT_EQ(2u, stats().num_evictions);
+  ASSERT_TRUE(engine_->free_tagged(d, stream_).ok);
+  ASSERT_TRUE(engine_->free_tagged(e, stream_).ok);
+  const EngineStats before = stats();
+  {
+    StreamGate gate;  // opens, at the latest, when the case leaves this scope
+    // Only a path that wrongly waits for the held fetch before the allocation gets this
+    // far; it then fails below instead of hanging.
+    LetGoLater watchdog(gate, pool_test::kHangTimeout);
+    ASSERT_CUDA_OK(gate.hold(h2d_));
+    ASSERT_TRUE(engine_->unpack(hc, stream_).ok);  // the window is b: its fetch starts, held
+    EXPECT_EQ(before.num_prefetches + 1, stats().num_prefetches);  // (reaps nothing: held)
+    // Backward needs a now (a fault; there is room): the window moves past b, whose fetch has
+    // not landed (held), so this call cannot have reaped it.
+    ASSERT_TRUE(engine_->unpack(ha, stream_).ok);
+    ASSERT_FALSE(gate.is_open());
+    // An allocation of backward: only b can make room (a and c are in use). Its fetch lands
+    // while the reclaim waits for the copies.
+    LetGoLater let_go(gate, pool_test::kLetGoDelay);
+    std::string error;
+    void* g = engine_->allocate_tagged(kBlock, stream_, &error);
+    ASSERT_NE(nullptr, g) << "b (cold, not unpacked, outside the window) landed during the reclaim and could go: "
+                          << error;
+    let_go.finish();
+    watchdog.finish();
+    EXPECT_FALSE(watchdog.fired()) << "something waited for the held fetch before the allocation";
+    EngineStats s = stats();
+    EXPECT_EQ(3u, s.num_evictions) << "b again";
+    EXPECT_LE(s.resident_bytes, 12 * kMiB);
+    // a came back intact (its fault fetch was held too); then backward needs b (a fault).
+    EXPECT_TRUE(holds(a, 1));
+    EXPECT_TRUE(holds(c, 3));
+    ASSERT_TRUE(engine_->release(hc).ok);
+    ASSERT_TRUE(engine_->free_tagged(c, stream_).ok);
+    ASSERT_TRUE(engine_->unpack(hb, stream_).ok);
+    EXPECT_TRUE(holds(b, 2));
+    EXPECT_EQ(before.num_faults + 2, stats().num_faults) << "a, then b";
+    ASSERT_TRUE(engine_->release(ha).ok);
+    ASSERT_TRUE(engine_->release(hb).ok);
+    ASSERT_TRUE(engine_->free_tagged(g, stream_).ok);
+  }
+  ASSERT_TRUE(engine_->free_tagged(a, stream_).ok);
+  ASSERT_TRUE(engine_->free_tagged(b, stream_).ok);
+}
+
+}  // namespace
