@@ -16,13 +16,30 @@ import ctypes
 import json
 import os
 
-from . import sim
 from ._lib import VramswapError
-from .cuda import install, installed
-from .tracker import offload, tracker_stats
 
 __all__ = ["install", "installed", "sim", "offload", "memory_stats", "reset_peak_stats",
            "empty_cache", "tracker_stats", "VramswapError"]
+
+# The torch-facing parts import torch; they load on first use, so that what needs no torch
+# (vramswap.bench, `python3 -m vramswap bench|replay`, memory_stats) runs without it.
+_LAZY = {"sim": ("sim", None), "install": ("cuda", "install"), "installed": ("cuda", "installed"),
+         "offload": ("tracker", "offload"), "tracker_stats": ("tracker", "tracker_stats")}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'vramswap' has no attribute {name!r}")
+    import importlib
+    module, attr = _LAZY[name]
+    mod = importlib.import_module("." + module, __name__)
+    value = mod if attr is None else getattr(mod, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 
 # torch.cuda.memory_stats() key -> the vramswap key that means the same thing. Left out on
@@ -98,4 +115,5 @@ def reset_peak_stats():
 
 
 if os.environ.get("VRAMSWAP_TORCH_DEVICE") == "cpu-sim":
+    from . import sim
     sim.install_cpu()

@@ -1,0 +1,150 @@
+"""The workload format every benchmark source produces and the runner consumes.
+
+A Workload is one training step (or a replayed trace) as a flat list of operations on
+tensor ids, in host program order. Sources: snapshot.py (torch.cuda.memory._dump_snapshot
+pickles), gpt.py (GPT-style steps from shapes), vgg.py (VGG-16). The runner (runner.py)
+executes it against an allocator policy on cudasim in virtual time.
+
+Operations (tuples; the first element is the kind):
+  ("alloc", tid, nbytes)   a tensor is created on the device (nbytes > 0, requested size)
+  ("free", tid)            the tensor's last reference is gone (its memory may be reused
+                           once the compute stream has passed this point)
+  ("compute", ns, label)   GPU work on the compute stream that takes ns nanoseconds (a
+                           kernel or a fused group of them); label names it for traces
+  ("save", tid)            autograd saved the tensor for backward (the pack hook ran)
+  ("cold", tid)            only autograd's saved reference holds the tensor now (the
+                           forward dropped its own); from here it may be offloaded
+  ("use", tid)             backward is about to read the saved tensor (the unpack hook)
+  ("release", tid)         backward is done with the saved tensor (autograd dropped it);
+                           a "free" of the tensor follows, now or later
+  ("phase", name)          a phase starts: "forward", "backward", "optimizer" or "other"
+
+Rules (validate() checks them): a tid is allocated once and freed at most once, and not
+used after its free; save/cold/use/release only between its alloc and free, in the order
+save < cold <= use < release (cold, use and release each optional, cold at most once; a
+tensor may be saved once); tensors never freed are live at the end (final_live_bytes).
+An "alloc" inside a "forward" phase of a tensor that is later saved is what vramswap would
+tag inside an offload scope.
+
+Thread safety: plain data; build it on one thread.
+"""
+from dataclasses import dataclass, field
+
+PHASES = ("forward", "backward", "optimizer", "other")
+KINDS = ("alloc", "free", "compute", "save", "cold", "use", "release", "phase")
+
+
+class WorkloadError(ValueError):
+    """A workload breaks the format's rules; the message names the op index and tid."""
+
+
+@dataclass
+class Workload:
+    name: str
+    ops: list = field(default_factory=list)
+    meta: dict = field(default_factory=dict)  # source facts: model shape, trace file, ...
+
+    # -- building -------------------------------------------------------------------
+    def alloc(self, tid, nbytes):
+        self.ops.append(("alloc", tid, int(nbytes)))
+
+    def free(self, tid):
+        self.ops.append(("free", tid))
+
+    def compute(self, ns, label=""):
+        self.ops.append(("compute", int(ns), label))
+
+    def save(self, tid):
+        self.ops.append(("save", tid))
+
+    def cold(self, tid):
+        self.ops.append(("cold", tid))
+
+    def use(self, tid):
+        self.ops.append(("use", tid))
+
+    def release(self, tid):
+        self.ops.append(("release", tid))
+
+    def phase(self, name):
+        if name not in PHASES:
+            raise WorkloadError(f"unknown phase {name!r}; known: {', '.join(PHASES)}")
+        self.ops.append(("phase", name))
+
+    # -- facts ----------------------------------------------------------------------
+    def live_bytes(self):
+        """-> (peak_live_bytes, final_live_bytes): the sum of requested sizes of tensors
+        allocated and not yet freed, at its highest and at the end (what a replay of
+        alloc/free events reports, before any allocator rounding)."""
+        sizes = {}
+        live = peak = 0
+        for op in self.ops:
+            if op[0] == "alloc":
+                sizes[op[1]] = op[2]
+                live += op[2]
+                peak = max(peak, live)
+            elif op[0] == "free":
+                live -= sizes.pop(op[1])
+        return peak, live
+
+    def compute_ns(self, phase=None):
+        """Total compute time, of one phase or of all."""
+        total, current = 0, "other"
+        for op in self.ops:
+            if op[0] == "phase":
+                current = op[1]
+            elif op[0] == "compute" and (phase is None or current == phase):
+                total += op[1]
+        return total
+
+    def saved_bytes(self):
+        """Bytes of distinct tensors saved for backward."""
+        sizes, saved = {}, set()
+        for op in self.ops:
+            if op[0] == "alloc":
+                sizes[op[1]] = op[2]
+            elif op[0] == "save":
+                saved.add(op[1])
+        return sum(sizes[t] for t in saved)
+
+    def validate(self):
+        """Raises WorkloadError at the first op that breaks the rules; returns self."""
+        state = {}  # tid -> "live" | "freed"
+        saved = {}  # tid -> stage reached: save, cold, use, release
+        order = {"save": 0, "cold": 1, "use": 2, "release": 3}
+        for i, op in enumerate(self.ops):
+            kind = op[0]
+            if kind not in KINDS:
+                raise WorkloadError(f"op {i}: unknown kind {kind!r}")
+            if kind == "compute":
+                if op[1] < 0:
+                    raise WorkloadError(f"op {i}: negative compute time {op[1]}")
+                continue
+            if kind == "phase":
+                if op[1] not in PHASES:
+                    raise WorkloadError(f"op {i}: unknown phase {op[1]!r}")
+                continue
+            tid = op[1]
+            if kind == "alloc":
+                if tid in state:
+                    raise WorkloadError(f"op {i}: tensor {tid} allocated twice")
+                if op[2] <= 0:
+                    raise WorkloadError(f"op {i}: tensor {tid} has size {op[2]}")
+                state[tid] = "live"
+                continue
+            if state.get(tid) != "live":
+                what = "after its free" if state.get(tid) == "freed" else "before any alloc"
+                raise WorkloadError(f"op {i}: {kind} of tensor {tid} {what}")
+            if kind == "free":
+                state[tid] = "freed"
+                continue
+            stage = saved.get(tid)
+            if kind == "save":
+                if stage is not None:
+                    raise WorkloadError(f"op {i}: tensor {tid} saved twice")
+            elif stage is None:
+                raise WorkloadError(f"op {i}: {kind} of tensor {tid}, which was never saved")
+            elif order[kind] < order[stage] or (kind != "use" and order[kind] == order[stage]):
+                raise WorkloadError(f"op {i}: {kind} of tensor {tid} after its {stage}")
+            saved[tid] = kind
+        return self
