@@ -99,7 +99,7 @@ constexpr KeySpec kKeys[] = {
         "so that they can be evicted); smaller ones stay in the ordinary pool."),
     key<KeyType::kCount, &Config::horizon>(
         "VRAMSWAP_HORIZON", "4", "0..1024",
-        "How many of the blocks backward needs next are prefetched ahead of it and kept from eviction; 0: no "
+        "How many of the blocks backward needs next are prefetched ahead of it and evicted only when nothing else can be; 0: no "
         "prefetch, an evicted block is fetched when it is unpacked."),
     key<KeyType::kBool, &Config::verify>(
         "VRAMSWAP_VERIFY", "0", "",

@@ -137,8 +137,9 @@ class Engine::Impl {
   void complete_copies(bool wait);
   void finish(uint32_t slot);
   // Starts evictions of Belady victims until `bytes` more are on their way out; returns the
-  // bytes started.
-  uint64_t start_victims(uint64_t bytes, uint32_t except);
+  // bytes started. With `window_too`, blocks kept for the prefetch window are victims as
+  // well (reclaim's last resort).
+  uint64_t start_victims(uint64_t bytes, uint32_t except, bool window_too = false);
   uint64_t reclaim_locked(uint64_t bytes, uint32_t except = UINT32_MAX);
   void maybe_soft_evict();
   void untrack(Slot& s, uint32_t slot);
@@ -558,8 +559,8 @@ void Engine::Impl::drop_deferred(bool wait) {
   }
 }
 
-uint64_t Engine::Impl::start_victims(uint64_t bytes, uint32_t except) {
-  const std::set<uint32_t> window = window_set();
+uint64_t Engine::Impl::start_victims(uint64_t bytes, uint32_t except, bool window_too) {
+  const std::set<uint32_t> window = window_too ? std::set<uint32_t>() : window_set();
   uint64_t started = 0;
   for (uint32_t slot : order_.furthest_first()) {
     if (started >= bytes) break;
@@ -573,23 +574,26 @@ uint64_t Engine::Impl::start_victims(uint64_t bytes, uint32_t except) {
 uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, uint32_t except) {
   if (any_capturing()) return 0;
   const uint64_t unmapped_before = unmapped_total_;
+  auto freed = [&] { return unmapped_total_ - unmapped_before; };
   // Copies that already landed first: a fetch that completed makes its block resident, and
   // it may be a victim by now (the window moved on while it was in flight).
   complete_copies(false);
-  // Two rounds: waiting for the copies of the first may land fetches whose blocks are
-  // victims for the second.
-  for (int round = 0; round < 2; ++round) {
+  // Rounds 0 and 1 spare the prefetch window; waiting for round 0's copies may land fetches
+  // whose blocks are victims for round 1. Round 2 is the last resort before an out-of-memory:
+  // it takes blocks kept for the prefetch window too (they come back late, as faults, but
+  // the step goes on).
+  bool landed = true;  // copies may have landed since victims were last looked for
+  for (int round = 0; round < 3 && freed() < bytes; ++round) {
+    const bool window_too = round == 2;
+    if (!landed && !window_too) continue;
     uint64_t on_the_way = 0;  // evictions already in flight free their pages too
     for (uint32_t slot : in_flight_)
       if (slots_[slot].residency == Residency::kEvicting && !slots_[slot].cancel) on_the_way += slots_[slot].placed;
-    const uint64_t freed = unmapped_total_ - unmapped_before;
-    if (freed >= bytes) break;  // the evictions reaped above were enough: no waiting
-    if (freed + on_the_way < bytes) start_victims(bytes - freed - on_the_way, except);
-    if (in_flight_.empty()) break;
-    complete_copies(true);
-    if (unmapped_total_ - unmapped_before >= bytes) break;
+    if (freed() + on_the_way < bytes) start_victims(bytes - freed() - on_the_way, except, window_too);
+    landed = !in_flight_.empty();
+    if (landed) complete_copies(true);
   }
-  return unmapped_total_ - unmapped_before;
+  return freed();
 }
 
 void Engine::Impl::maybe_soft_evict() {

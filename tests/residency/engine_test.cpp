@@ -135,7 +135,7 @@ TEST_F(EngineTest, TheVictimIsTheBlockNeededFurthestAway) {
   EXPECT_TRUE(holds(third, 3));
 }
 
-TEST_F(EngineTest, TheWindowIsNotEvicted) {
+TEST_F(EngineTest, TheWindowIsEvictedOnlyAsALastResort) {
   EngineOptions options;
   options.horizon = 2;
   start(12 * kMiB, options);
@@ -143,17 +143,36 @@ TEST_F(EngineTest, TheWindowIsNotEvicted) {
   void* a = tagged(1);
   void* b = tagged(2);
   void* c = tagged(3);
-  pack_cold(a);
-  pack_cold(b);
-  pack_cold(c);
-  // The window is c and b (needed first); only a may go.
-  ASSERT_NE(nullptr, tagged(4));
-  std::string error;
-  EXPECT_EQ(nullptr, engine_->allocate_tagged(kBlock, stream_, &error))
-      << "a second eviction would have to take a block of the window";
-  EXPECT_NE(std::string::npos, error.find("out of memory")) << error;
+  const uint64_t ha = pack_cold(a);
+  const uint64_t hb = pack_cold(b);
+  const uint64_t hc = pack_cold(c);
+  // The window is c and b (needed first): a goes first.
+  void* d = tagged(4);
+  ASSERT_NE(nullptr, d);
+  EXPECT_EQ(1u, stats().num_evictions);
   EXPECT_TRUE(holds(b, 2));
   EXPECT_TRUE(holds(c, 3));
+  // Nothing cold is left outside the window: rather than an out-of-memory, the window's
+  // block needed last (b) goes, and c, needed first, stays.
+  void* e = tagged(5);
+  ASSERT_NE(nullptr, e);
+  EXPECT_EQ(2u, stats().num_evictions);
+  EXPECT_TRUE(holds(c, 3));
+  // With c gone as well nothing cold is left: now it is an out-of-memory.
+  void* f = tagged(6);
+  ASSERT_NE(nullptr, f);
+  EXPECT_EQ(3u, stats().num_evictions);
+  std::string error;
+  EXPECT_EQ(nullptr, engine_->allocate_tagged(kBlock, stream_, &error));
+  EXPECT_NE(std::string::npos, error.find("out of memory")) << error;
+  // Backward (after the forward's own blocks are gone) gets every block back intact.
+  for (void* p : {d, e, f}) ASSERT_TRUE(engine_->free_tagged(p, stream_).ok);
+  for (auto [h, p, seed] : {std::tuple{hc, c, 3}, std::tuple{hb, b, 2}, std::tuple{ha, a, 1}}) {
+    ASSERT_TRUE(engine_->unpack(h, stream_).ok);
+    EXPECT_TRUE(holds(p, uint8_t(seed)));
+    ASSERT_TRUE(engine_->release(h).ok);
+    ASSERT_TRUE(engine_->free_tagged(p, stream_).ok);
+  }
 }
 
 TEST_F(EngineTest, OnlyColdBlocksAreEvicted) {
