@@ -1,0 +1,326 @@
+"""Tests of vramswap.bench.snapshot: the unpickler that refuses classes, the replay rules on
+small synthetic snapshots, and the figures of the shipped traces' README reproduced from the
+real PyTorch memory snapshots.
+
+Needs no torch and no GPU: `python3 tests/bench_py/test_snapshot.py`; exit status 0 when
+every check passed. The real snapshots are looked for in $VRAMSWAP_TRACES_DIR (default
+<repo>/bench/traces), directly or in its torch_snapshots/ folder; without them those checks
+are skipped with a message, and the synthetic ones still run.
+"""
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "plugin" / "python"))
+
+from vramswap.bench import snapshot  # noqa: E402
+from vramswap.bench.workload import Workload  # noqa: E402
+
+MAGMA = "MAGMA27_cs336small_b32_s256_fp32_fwdbwd.pickle"
+WEDSONLIN = "Wedsonlin_cs336medium_b4_s{}_bf16ac_trainstep.pickle"
+# The README's training-step peak increments of the Wedsonlin runs, in GB (1e9 B), 3 decimals.
+WEDSONLIN_GB = {128: 1.918, 256: 4.008, 512: 7.331, 1024: 19.111}
+MAGMA_PEAK_INCREMENT = 12_550_078_464
+MAGMA_LIVE_AT_CROSS_ENTROPY = 11_894_554_624
+MAGMA_UNIT = 4 * 256 * 32 * 768  # 4*s*b*h bytes: one fp32 activation of the residual stream
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def raises(fn, kind, *fragments):
+    try:
+        fn()
+    except kind as e:
+        return all(f in str(e) for f in fragments)
+    except Exception as e:  # noqa: BLE001 - the wrong kind is a failure, not a crash
+        print(f"     raised {type(e).__name__}: {e}")
+        return False
+    return False
+
+
+class Payload:
+    """A class whose instances a snapshot must never hold."""
+    def __init__(self):
+        self.x = 1
+
+
+# ---- the refusing unpickler ---------------------------------------------------------------
+
+def test_refusal(tmp):
+    holding_class = tmp / "class.pickle"
+    holding_class.write_bytes(pickle.dumps({"segments": [], "device_traces": [[Payload()]]}))
+    check(raises(lambda: snapshot.read(holding_class), snapshot.SnapshotError,
+                 str(holding_class), "refusing to load class __main__.Payload",
+                 "snapshots hold only builtin types"),
+          "read() refuses a pickle holding a class instance, naming the file and the class")
+    with open(holding_class, "rb") as f:
+        check(raises(lambda: snapshot.RefusingUnpickler(f).load(), pickle.UnpicklingError,
+                     "refusing to load class __main__.Payload"),
+              "RefusingUnpickler raises UnpicklingError for the class")
+    callable_ = tmp / "callable.pickle"
+    callable_.write_bytes(pickle.dumps({"segments": [], "device_traces": [], "f": len}))
+    check(raises(lambda: snapshot.read(callable_), snapshot.SnapshotError,
+                 "refusing to load class builtins.len"),
+          "read() refuses even a builtin function (any find_class)")
+    missing = tmp / "missing.pickle"
+    check(raises(lambda: snapshot.read(missing), FileNotFoundError, str(missing),
+                 "_dump_snapshot() pickle"),
+          "a missing file is a FileNotFoundError naming the file and what was expected")
+    not_dict = tmp / "list.pickle"
+    not_dict.write_bytes(pickle.dumps([1, 2, 3]))
+    check(raises(lambda: snapshot.read(not_dict), snapshot.SnapshotError, str(not_dict),
+                 "'segments' and 'device_traces'"),
+          "a pickle of something else names what a snapshot holds")
+    garbage = tmp / "garbage.pickle"
+    garbage.write_bytes(b"this is not a pickle at all")
+    check(raises(lambda: snapshot.read(garbage), snapshot.SnapshotError, str(garbage)),
+          "bytes that are not a pickle are a SnapshotError naming the file")
+
+
+# ---- synthetic snapshots ------------------------------------------------------------------
+
+def py(name, filename="model.py", line=1):
+    return {"name": name, "filename": filename, "line": line}
+
+
+FWD = [py("forward"), py("_call_impl", "torch/nn/modules/module.py"), py("<module>", "train.py")]
+CE = [py("cross_entropy", "nn_utils.py"), py("<module>", "train.py")]
+TOP = [py("<module>", "train.py")]
+BWD = [py("_make_grads", "torch/autograd/__init__.py"), py("backward", "torch/_tensor.py")]
+ENGINE = {"name": "torch::autograd::Engine::thread_main(std::shared_ptr<...>)",
+          "filename": "??", "line": 0}
+
+
+def apply_of(node):
+    return {"name": f"torch::autograd::generated::{node}::apply(std::vector<at::Tensor>&&)",
+            "filename": "??", "line": 0}
+
+
+def release_of(node):
+    return {"name": f"torch::autograd::generated::{node}::release_variables()",
+            "filename": "??", "line": 0}
+
+
+def ev(action, addr, size, frames=(), t=0):
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t,
+            "frames": list(frames)}
+
+
+def synthetic(named_nodes):
+    """Forward (a temporary, a saved tensor at a reused address), a carried-in free at
+    module level, cross-entropy, backward. With named_nodes the backward events carry the
+    C++ frames of a Linux build; without, none (a Python-frames-only build)."""
+    add = [ENGINE, apply_of("AddBackward0")] if named_nodes else []
+    mul = [ENGINE, apply_of("MulBackward0")] if named_nodes else []
+    rel = [release_of("MulBackward0"), ENGINE] if named_nodes else []
+    events = [
+        ev("segment_alloc", 0x1000, 1 << 20),
+        ev("alloc", 0xA0, 100, FWD),                 # tid 1, saved
+        ev("alloc", 0xB0, 10, FWD),                  # tid 2, a forward temporary
+        ev("free_requested", 0xB0, 10, FWD),
+        ev("free_completed", 0xB0, 10, FWD),
+        ev("alloc", 0xB0, 20, FWD),                  # tid 3: the address reused; saved
+        ev("free_requested", 0xF0, 7, TOP),
+        ev("free_completed", 0xF0, 7, TOP),          # carried in: tid 0
+        ev("alloc", 0xC0, 4, CE),                    # tid 4, the loss: outlives backward
+        ev("alloc", 0xD0, 8, BWD),                   # tid 5
+        ev("alloc", 0xE0, 30, add),                  # tid 6
+        ev("alloc", 0xE8, 6, mul),                   # tid 7
+        ev("free_completed", 0xB0, 20, rel),         # saved tid 3 released by MulBackward0
+        ev("free_completed", 0xA0, 100, rel),        # saved tid 1 released by MulBackward0
+        ev("free_completed", 0xE0, 30, add),
+        ev("free_completed", 0xE8, 6, add),
+        ev("oom", 0, 1 << 40),
+    ]
+    return {"segments": [], "device_traces": [events], "allocator_settings": {},
+            "external_annotations": []}
+
+
+def test_synthetic():
+    for named in (False, True):
+        what = "named nodes" if named else "no C++ frames"
+        w = snapshot.load("synthetic.pickle", compute="none", snapshot=synthetic(named))
+        w.validate()
+        # Without node names the uses go at the start of the backward work since the last
+        # release; with them, before the work of the node that releases the tensors.
+        uses_then = ([("use", 3), ("use", 1), ("alloc", 5, 8), ("alloc", 6, 30),
+                      ("alloc", 7, 6)] if not named else
+                     [("alloc", 5, 8), ("alloc", 6, 30), ("use", 3), ("use", 1),
+                      ("alloc", 7, 6)])
+        expected = [
+            ("phase", "other"), ("alloc", 0, 7),
+            ("phase", "forward"), ("alloc", 1, 100), ("save", 1), ("alloc", 2, 10),
+            ("free", 2), ("alloc", 3, 20), ("save", 3), ("free", 0), ("alloc", 4, 4),
+            ("cold", 1), ("cold", 3),
+            ("phase", "backward"), *uses_then,
+            ("release", 3), ("free", 3), ("release", 1), ("free", 1), ("free", 6), ("free", 7),
+        ]
+        check(w.ops == expected, f"synthetic ({what}): ops as the rules say")
+        if w.ops != expected:
+            print("     got", w.ops)
+        m = w.meta
+        check(m["saved"] == {"tensors": 2, "bytes": 120} and w.saved_bytes() == 120,
+              f"synthetic ({what}): 2 saved tensors, 120 B")
+        check(m["carried_in"]["tensors"] == 1 and m["carried_in"]["bytes"] == 7,
+              f"synthetic ({what}): the free of an untraced address is a carried-in tensor")
+        check(m["phases"] == ["other", "forward", "backward"],
+              f"synthetic ({what}): module-level glue inside forward joins the forward")
+        check(m["ooms"] == 1 and m["actions"]["segment_alloc"] == 1,
+              f"synthetic ({what}): oom and ignored actions counted")
+        loss = m["marks"]["loss"]
+        check(w.ops[loss] == ("alloc", 4, 4) and snapshot.live_bytes_at(w, loss) == 120
+              and snapshot.live_bytes_at(w, loss, carried_in=True) == 120,
+              f"synthetic ({what}): live at the loss start is 120 B")
+        # Alloc minus free_completed sizes: 100 110 100 120 113 117 125 155 161 141 41 11 5.
+        check(snapshot.peak_increment(w) == (161, w.ops.index(("alloc", 7, 6))),
+              f"synthetic ({what}): peak increment 161 B at the last alloc")
+        check(w.live_bytes() == (168, 12),
+              f"synthetic ({what}): Workload.live_bytes() counts the carried-in 7 B too")
+    w = snapshot.load("synthetic.pickle", compute="none", carried_in=False,
+                      snapshot=synthetic(False)).validate()
+    check(("alloc", 0, 7) not in w.ops and w.meta["carried_in"]["tensors"] == 0
+          and w.live_bytes() == (168, 12),
+          "carried_in=False drops the untraced free")
+    w = snapshot.load("synthetic.pickle", compute=lambda e, nxt: e["size"] * 10,
+                      snapshot=synthetic(True)).validate()
+    computes = [op for op in w.ops if op[0] == "compute"]
+    check(len(computes) == 13 and computes[0] == ("compute", 1000, "forward")
+          and ("compute", 60, "MulBackward0") in computes,
+          "a callable compute model: one compute op after each event, labelled")
+    w = snapshot.load("synthetic.pickle", snapshot=synthetic(True)).validate()
+    check(w.compute_ns() == 7 * snapshot.MIN_KERNEL_NS,
+          "bytes model: tiny allocations cost the minimum kernel time")
+    two = synthetic(False)
+    two["device_traces"] = [[], []]
+    check(raises(lambda: snapshot.load("two.pickle", snapshot=two, device=1),
+                 snapshot.SnapshotError, "two.pickle", "device 1 has no trace events"),
+          "a device without events is an error naming the file")
+
+
+# ---- the shipped traces -------------------------------------------------------------------
+
+def traces_dir():
+    root = Path(os.environ.get("VRAMSWAP_TRACES_DIR") or REPO / "bench" / "traces")
+    for d in (root / "torch_snapshots", root):
+        if (d / MAGMA).is_file():
+            return d
+    return None
+
+
+def test_magma(d):
+    w = snapshot.load(d / MAGMA).validate()
+    m = w.meta
+    peak, peak_op = snapshot.peak_increment(w)
+    check(peak == MAGMA_PEAK_INCREMENT,
+          f"MAGMA27 peak increment {peak:,} == {MAGMA_PEAK_INCREMENT:,} B")
+    loss = m["marks"]["loss"]
+    at_loss = snapshot.live_bytes_at(w, loss)
+    check(m["loss_function"] == "cross_entropy" and at_loss == MAGMA_LIVE_AT_CROSS_ENTROPY,
+          f"MAGMA27 live at the start of cross_entropy {at_loss:,} == "
+          f"{MAGMA_LIVE_AT_CROSS_ENTROPY:,} B")
+    check(m["live"]["peak_increment"] == peak and m["live"]["at_loss"] == at_loss,
+          "MAGMA27 meta carries both figures")
+    check(m["marks"]["forward"] < loss < peak_op < m["marks"]["backward"],
+          "MAGMA27 peak during cross-entropy (after its start, before backward)")
+    check(m["phases"] == ["other", "forward", "backward"] and "optimizer" not in m["marks"],
+          f"MAGMA27 phases {m['phases']} (fwd+CE+bwd, no optimizer)")
+    check(w.live_bytes()[0] == peak + m["carried_in"]["bytes"],
+          "MAGMA27 Workload.live_bytes() peak = increment + carried-in bytes (freed later)")
+    saved = w.saved_bytes()
+    live_at_backward = snapshot.live_bytes_at(w, m["marks"]["backward"])
+    # 12 layers x 38 units of activations are live at cross-entropy and must be saved;
+    # every saved tensor is live when backward starts.
+    check(m["saved"]["bytes"] == saved and 12 * 38 * MAGMA_UNIT <= saved <= live_at_backward,
+          f"MAGMA27 saved {saved / 1e9:.3f} GB within [12x38 units, live at backward "
+          f"{live_at_backward / 1e9:.3f} GB]")
+    ms = w.compute_ns() / 1e6
+    check(50 <= ms <= 1000, f"MAGMA27 modelled step compute {ms:.1f} ms in 50 ms..1 s")
+    w2 = snapshot.load(d / MAGMA, compute="timestamps").validate()
+    ms2 = w2.compute_ns() / 1e6
+    check(200 <= ms2 <= 300, f"MAGMA27 host-clock compute {ms2:.1f} ms (trace spans 248 ms)")
+
+
+def test_wedsonlin(d):
+    for s, gb in WEDSONLIN_GB.items():
+        path = d / WEDSONLIN.format(s)
+        if not path.is_file():
+            check(False, f"Wedsonlin s={s}: {path.name} present")
+            continue
+        data = snapshot.read(path)
+        w = snapshot.load(path, snapshot=data).validate()
+        m = w.meta
+        peak, _ = snapshot.peak_increment(w)
+        check(round(peak / 1e9, 3) == gb, f"Wedsonlin s={s} peak increment "
+              f"{peak / 1e9:.3f} GB == {gb} GB")
+        mk = m["marks"]
+        check(m["phases"] == ["other", "forward", "backward", "optimizer"]
+              and mk["forward"] < mk["loss"] < mk["backward"] < mk["optimizer"],
+              f"Wedsonlin s={s} phases forward < cross_entropy < backward < optimizer")
+        saved = w.saved_bytes()
+        check(m["saved"]["tensors"] > 0
+              and saved <= snapshot.live_bytes_at(w, mk["backward"]),
+              f"Wedsonlin s={s} {m['saved']['tensors']} saved tensors, {saved / 1e9:.3f} GB, "
+              f"all live when backward starts")
+        if s == 128:
+            check(saved_are_released(data, w),
+                  "Wedsonlin s=128: the saved tensors are exactly those backward frees in "
+                  "XxxBackward::release_variables (its C++ frames)")
+
+
+def saved_are_released(data, w):
+    """Whether the rule's saved set equals the tensors freed under release_variables."""
+    saved = {op[1] for op in w.ops if op[0] == "save"}
+    live, tid, released = {}, w.meta["carried_in"]["tensors"], set()
+    for e in data["device_traces"][0]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = tid
+            tid += 1
+        elif e["action"] == "free_completed":
+            t = live.pop(e["addr"], None)
+            if t is not None and any("::release_variables(" in f["name"] for f in e["frames"]):
+                released.add(t)
+    return saved == released and len(saved) > 0
+
+
+def test_cli(d):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "plugin" / "python"))
+    r = subprocess.run([sys.executable, "-m", "vramswap.bench.snapshot", str(d / MAGMA)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    check(r.returncode == 0 and "12,550,078,464" in r.stdout and "saved for backward" in r.stdout,
+          "python3 -m vramswap.bench.snapshot prints the summary")
+    r = subprocess.run([sys.executable, "-m", "vramswap.bench.snapshot", str(d / "nope.pickle")],
+                       env=env, capture_output=True, text=True, timeout=120)
+    check(r.returncode == 1 and "nope.pickle" in r.stderr, "the CLI reports a missing file")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        test_refusal(Path(tmp))
+    test_synthetic()
+    d = traces_dir()
+    if d is None:
+        print("skipped: the real snapshots (no "
+              f"{MAGMA} in $VRAMSWAP_TRACES_DIR or <repo>/bench/traces[/torch_snapshots])")
+    else:
+        test_magma(d)
+        test_wedsonlin(d)
+        test_cli(d)
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
