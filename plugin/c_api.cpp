@@ -1,13 +1,17 @@
 // The C ABI (include/vramswap/vramswap.h): thin noexcept shells over the Allocator.
 //
 // Each function clears the thread's last error, calls the Allocator inside a catch-all,
-// and turns every failure into a return value plus the last error. This file is linked
+// and turns every failure into a return value plus the last error. The one exception is
+// vramswap_torch_malloc, the alloc function for torch's CUDAPluggableAllocator: torch does
+// not check the pointer an alloc function returns, so this one throws instead of returning
+// NULL (see Note [vramswap_torch_malloc] below). This file is linked
 // into both libvramswap.so and libvramswap_preload.so. The library is built with hidden
 // visibility; the pragma below makes exactly the header's functions visible, and the
 // version script (vramswap.map) names them again so the ABI is stated in one checked list.
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 #pragma GCC visibility push(default)
@@ -60,18 +64,61 @@ Allocator& used_allocator() {
   return a;
 }
 
+// vramswap_malloc's work, shared with vramswap_torch_malloc: clears the last error, then a
+// block, or nullptr with the last error set and *kind saying why (kNone when nothing failed,
+// as for size 0, and for an exception that escaped the Allocator, whose message guarded()
+// makes the last error).
+void* allocate(const char* function, size_t size, int device, cudaStream_t stream,
+               vramswap::AllocError::Kind* kind) noexcept {
+  vramswap::clear_last_error();
+  *kind = vramswap::AllocError::Kind::kNone;
+  return guarded<void*>(function, nullptr, [&]() -> void* {
+    vramswap::AllocError error;
+    void* ptr = used_allocator().allocate(size, device, stream, &error);
+    *kind = error.kind;
+    if (!ptr && error.kind != vramswap::AllocError::Kind::kNone) vramswap::set_last_error(error.message);
+    return ptr;
+  });
+}
+
+// Note [vramswap_torch_malloc]
+// torch's CUDAPluggableAllocator::malloc (torch/csrc/cuda/CUDAPluggableAllocator.cpp) calls
+// its alloc function and records and returns whatever pointer comes back, NULL included, so
+// a NULL from vramswap_malloc becomes a tensor at address 0 whose first kernel faults (a
+// sticky CUDA error) far from the allocation. It does not catch what the alloc function
+// throws: the exception leaves no record there and reaches torch's caller, and torch's
+// Python bindings (HANDLE_TH_ERRORS, torch/csrc/Exceptions.h and Exceptions.cpp) turn any
+// std::exception that is not one of c10's error types into a Python RuntimeError whose
+// message is what(). A std::runtime_error is used, not std::bad_alloc: pybind11's own
+// translation, which serves bindings torch does not wrap in HANDLE_TH_ERRORS, makes
+// std::bad_alloc a MemoryError (which reads as host memory) but a std::runtime_error a
+// RuntimeError, as HANDLE_TH_ERRORS does, so it reads the same on every path. torch.cuda.OutOfMemoryError is a RuntimeError too, so code that catches
+// RuntimeError sees both install() paths alike.
+std::string torch_malloc_message(size_t size, int device, vramswap::AllocError::Kind kind) {
+  const std::string request = std::to_string(size) + " bytes on device " + std::to_string(device);
+  const char* report = vramswap::last_error();
+  const std::string why = report[0] != '\0' ? report : "(no message from vramswap)";
+  if (kind == vramswap::AllocError::Kind::kOutOfMemory)
+    return "vramswap: CUDA out of memory allocating " + request + ": " + why;
+  return "vramswap: allocating " + request + " failed: " + why;
+}
+
 }  // namespace
 
 extern "C" {
 
 void* vramswap_malloc(size_t size, int device, struct CUstream_st* stream) noexcept {
-  vramswap::clear_last_error();
-  return guarded<void*>(__func__, nullptr, [&]() -> void* {
-    vramswap::AllocError error;
-    void* ptr = used_allocator().allocate(size, device, stream, &error);
-    if (!ptr && error.kind != vramswap::AllocError::Kind::kNone) vramswap::set_last_error(error.message);
-    return ptr;
-  });
+  vramswap::AllocError::Kind kind;
+  return allocate(__func__, size, device, stream, &kind);
+}
+
+// Not noexcept: see Note [vramswap_torch_malloc]. (Should building the message itself run
+// out of host memory, the exception is that std::bad_alloc instead.)
+void* vramswap_torch_malloc(size_t size, int device, struct CUstream_st* stream) {
+  vramswap::AllocError::Kind kind;
+  void* ptr = allocate(__func__, size, device, stream, &kind);
+  if (ptr != nullptr || size == 0) return ptr;
+  throw std::runtime_error(torch_malloc_message(size, device, kind));
 }
 
 void vramswap_free(void* ptr, size_t size, int device, struct CUstream_st* stream) noexcept {

@@ -6,7 +6,8 @@
  * it calls), ctypes, and C or C++ programs. Every symbol is versioned VRAMSWAP_0.1; a test
  * compares the exported list with the functions below, so the ABI cannot grow by accident.
  *
- * Errors. No function throws or aborts: each one catches everything and reports failure
+ * Errors. No function throws or aborts (the one exception, vramswap_torch_malloc, exists
+ * only for torch and is marked as such): each one catches everything and reports failure
  * through its return value where it has one (nullptr, -1, 0) and through a thread-local
  * last error. Every function except vramswap_last_error() clears the calling thread's last
  * error when it starts, so after a call vramswap_last_error() is "" exactly when that call
@@ -70,6 +71,21 @@ struct CUstream_st;
  * warning with the request, the limit and the pool's numbers. Steady state makes no CUDA
  * call (a cached block of the stream is reused). Thread-safe. */
 void* vramswap_malloc(size_t size, int device, struct CUstream_st* stream) VRAMSWAP_NOEXCEPT;
+
+/* vramswap_malloc for torch's CUDAPluggableAllocator, the alloc function
+ * torch.cuda.memory.CUDAPluggableAllocator(path, "vramswap_torch_malloc", "vramswap_free")
+ * takes. torch does not check the pointer an alloc function returns (a NULL becomes a tensor
+ * at address 0 that faults on the GPU later), but it does pass on a C++ exception, and its
+ * Python bindings raise it as RuntimeError with the message. So this is vramswap_malloc
+ * (same allocation, same last error) except that a failure for a nonzero size throws a
+ * std::runtime_error whose what() is "vramswap: CUDA out of memory allocating <size> bytes
+ * on device <device>: " followed by vramswap's report (the last error), or "vramswap:
+ * allocating ... failed: " and the last error for a failure that is not out of memory (an
+ * invalid device, a configuration error). Size 0 returns NULL and never throws.
+ * NOT noexcept, unlike every other function here: call it only from C++ that handles
+ * exceptions (torch); from C, ctypes or any caller an exception cannot unwind through, use
+ * vramswap_malloc. Thread-safe. Blocks are freed with vramswap_free. */
+void* vramswap_torch_malloc(size_t size, int device, struct CUstream_st* stream);
 
 /* Returns a block that vramswap_malloc() handed out. `stream` is the stream the block was
  * allocated on (torch passes it): the block is reusable at once by allocations on that

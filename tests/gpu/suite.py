@@ -344,8 +344,8 @@ def child_main(spec_path):
         result["status"] = "oom" if is_oom(torch, exc) else "error"
         result["message"] = f"{type(exc).__name__}: {exc}".strip()[:2000]
         result["traceback"] = traceback.format_exc()[-6000:]
-        # On install()'s ctypes path a refused allocation is not an exception: torch gets a
-        # NULL pointer and a later kernel fails with a CUDA error. vramswap counted it.
+        # On install()'s ctypes path a refused allocation is a RuntimeError carrying
+        # vramswap's report (is_oom matches its text); vramswap also counted it.
         vramswap = sys.modules.get("vramswap")
         if result["status"] == "error" and vramswap is not None:
             try:

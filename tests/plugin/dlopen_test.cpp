@@ -20,6 +20,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -38,6 +39,7 @@ constexpr uint64_t kMiB = 1ull << 20;
 // The C ABI, through dlsym.
 struct Api {
   decltype(&vramswap_malloc) malloc = nullptr;
+  decltype(&vramswap_torch_malloc) torch_malloc = nullptr;  // throws: see its test below
   decltype(&vramswap_free) free = nullptr;
   decltype(&vramswap_record_stream) record_stream = nullptr;
   decltype(&vramswap_empty_cache) empty_cache = nullptr;
@@ -82,6 +84,7 @@ const Api& api() {
     }
     std::string missing;
     find(handle, a.malloc, "vramswap_malloc", &missing);
+    find(handle, a.torch_malloc, "vramswap_torch_malloc", &missing);
     find(handle, a.free, "vramswap_free", &missing);
     find(handle, a.record_stream, "vramswap_record_stream", &missing);
     find(handle, a.empty_cache, "vramswap_empty_cache", &missing);
@@ -431,6 +434,87 @@ TEST_F(Plugin, OutOfMemoryUnderTheLimitIsNullWithAReport) {
   void* q = a.malloc(kMiB, 0, nullptr);
   EXPECT_NE(q, nullptr) << last_error();
   a.free(q, kMiB, 0, nullptr);
+}
+
+// vramswap_torch_malloc, the alloc function torch's CUDAPluggableAllocator gets on
+// install()'s ctypes path: the same allocation as vramswap_malloc, but a failure throws a
+// std::runtime_error carrying the whole report (torch would use a NULL as a tensor's data
+// pointer), and size 0 is NULL without a throw.
+TEST_F(Plugin, TorchMallocServesWithinTheLimitAndThrowsTheReportPastIt) {
+  ASSERT_NE(a.torch_malloc, nullptr);
+  const uint64_t limit = expected_limit();
+  ASSERT_NE(limit, 0u);
+
+  // Within the limit: a block, as from vramswap_malloc, freed with vramswap_free.
+  const uint64_t allocs = counter("num_allocs");
+  const uint64_t frees = counter("num_frees");
+  void* p = nullptr;
+  EXPECT_NO_THROW(p = a.torch_malloc(4 * kMiB, 0, nullptr));
+  ASSERT_NE(p, nullptr) << last_error();
+  EXPECT_STREQ(a.last_error(), "");
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 512, 0u);
+  EXPECT_EQ(counter("num_allocs"), allocs + 1);
+  std::vector<unsigned char> in(4 * kMiB, 0x5a), out(4 * kMiB, 0);
+  ASSERT_EQ(a.memcpy(p, in.data(), in.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(a.memcpy(out.data(), p, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(in, out);
+  a.free(p, 4 * kMiB, 0, nullptr);
+  EXPECT_STREQ(a.last_error(), "");
+  EXPECT_EQ(counter("num_frees"), frees + 1);
+
+  // Size 0 (torch allows it): NULL, no exception, no error, nothing counted.
+  void* zero = reinterpret_cast<void*>(1);
+  EXPECT_NO_THROW(zero = a.torch_malloc(0, 0, nullptr));
+  EXPECT_EQ(zero, nullptr);
+  EXPECT_STREQ(a.last_error(), "");
+  EXPECT_EQ(counter("num_allocs"), allocs + 1);
+
+  // Past the limit: std::runtime_error whose what() is the prefix and the whole report,
+  // which is also the last error, with the same one warning line vramswap_malloc writes.
+  const uint64_t ooms = counter("num_ooms");
+  const size_t request = static_cast<size_t>(limit) + kMiB;
+  StderrCapture capture;
+  std::string what;
+  bool threw = false;
+  try {
+    void* big = a.torch_malloc(request, 0, nullptr);
+    ADD_FAILURE() << "no exception; returned " << big << ", last error: " << last_error();
+    if (big) a.free(big, request, 0, nullptr);
+  } catch (const std::runtime_error& e) {
+    threw = true;
+    what = e.what();
+  } catch (...) {
+    ADD_FAILURE() << "threw something other than std::runtime_error";
+  }
+  const std::string err = capture.text();
+  ASSERT_TRUE(threw);
+  const std::string report = last_error();
+  ASSERT_NE(report, "");
+  EXPECT_EQ(what, "vramswap: CUDA out of memory allocating " + std::to_string(request) + " bytes on device 0: " + report);
+  const std::string limit_text = std::to_string(limit / kMiB) + " MiB";
+  EXPECT_NE(what.find(limit_text), std::string::npos) << "the limit (" << limit_text << "): " << what;
+  EXPECT_NE(what.find("VRAMSWAP_LIMIT"), std::string::npos) << what;
+  EXPECT_EQ(count(err, "vramswap: warning: out of memory"), 1u) << err;
+  EXPECT_EQ(counter("num_ooms"), ooms + 1);
+
+  // The pool is unharmed: allocation works again afterwards, through either entry point.
+  void* q = nullptr;
+  EXPECT_NO_THROW(q = a.torch_malloc(kMiB, 0, nullptr));
+  EXPECT_NE(q, nullptr) << last_error();
+  a.free(q, kMiB, 0, nullptr);
+  EXPECT_STREQ(a.last_error(), "");
+}
+
+TEST_F(Plugin, TorchMallocOnAnInvalidDeviceThrowsAFailureThatIsNotOutOfMemory) {
+  ASSERT_NE(a.torch_malloc, nullptr);
+  try {
+    a.torch_malloc(kMiB, 7, nullptr);
+    ADD_FAILURE() << "no exception for device 7";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what, "vramswap: allocating 1048576 bytes on device 7 failed: " + last_error());
+    EXPECT_NE(last_error().find("device"), std::string::npos) << last_error();
+  }
 }
 
 TEST_F(Plugin, CachedMemoryIsUsedBeforeFailingAtTheLimit) {
@@ -1089,6 +1173,17 @@ TEST(PluginBadEnvironment, AllocationIsRefusedUntilTheValueIsFixed) {
   ASSERT_NE(a.malloc, nullptr);
   EXPECT_EQ(a.malloc(kMiB, 0, nullptr), nullptr);
   EXPECT_NE(last_error().find("VRAMSWAP_LIMIT='12XB'"), std::string::npos) << last_error();
+  // torch's entry point throws the same refusal, not as out of memory; size 0 never throws.
+  ASSERT_NE(a.torch_malloc, nullptr);
+  try {
+    a.torch_malloc(kMiB, 0, nullptr);
+    ADD_FAILURE() << "vramswap_torch_malloc did not throw under VRAMSWAP_LIMIT=12XB";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("vramswap: allocating 1048576 bytes on device 0 failed: ", 0), 0u) << what;
+    EXPECT_NE(what.find("VRAMSWAP_LIMIT='12XB'"), std::string::npos) << what;
+  }
+  EXPECT_NO_THROW(EXPECT_EQ(a.torch_malloc(0, 0, nullptr), nullptr));
   EXPECT_EQ(a.configure("VRAMSWAP_LIMIT", "64MiB"), 0) << last_error();
   void* p = a.malloc(kMiB, 0, nullptr);
   ASSERT_NE(p, nullptr) << last_error();

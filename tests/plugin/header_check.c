@@ -5,6 +5,7 @@
 
 struct vramswap_header_check {
   void* (*malloc_fn)(size_t, int, struct CUstream_st*);
+  void* (*torch_malloc_fn)(size_t, int, struct CUstream_st*);
   void (*free_fn)(void*, size_t, int, struct CUstream_st*);
   void (*record_stream_fn)(void*, struct CUstream_st*);
   void (*empty_cache_fn)(void);
@@ -23,8 +24,9 @@ struct vramswap_header_check {
 };
 
 const struct vramswap_header_check vramswap_header_check_c = {
-    vramswap_malloc,     vramswap_free,        vramswap_record_stream, vramswap_empty_cache,
-    vramswap_configure,  vramswap_last_error,  vramswap_stats_json,    vramswap_reset_peak_stats,
-    vramswap_scope_push, vramswap_scope_pop,   vramswap_pack,          vramswap_graph_begin,
-    vramswap_mark_cold,  vramswap_unpack,      vramswap_release,       vramswap_prefetch,
+    vramswap_malloc,      vramswap_torch_malloc, vramswap_free,       vramswap_record_stream,
+    vramswap_empty_cache, vramswap_configure,    vramswap_last_error, vramswap_stats_json,
+    vramswap_reset_peak_stats,
+    vramswap_scope_push,  vramswap_scope_pop,    vramswap_pack,       vramswap_graph_begin,
+    vramswap_mark_cold,   vramswap_unpack,       vramswap_release,    vramswap_prefetch,
 };

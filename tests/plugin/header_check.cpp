@@ -1,6 +1,7 @@
 // include/vramswap/vramswap.h in C++ beside the CUDA runtime's header: its stream type is
-// cudaStream_t, vramswap_malloc/vramswap_free have exactly the signatures torch's
-// CUDAPluggableAllocator takes, and every function is noexcept. Built, never run.
+// cudaStream_t, vramswap_malloc/vramswap_torch_malloc/vramswap_free have exactly the
+// signatures torch's CUDAPluggableAllocator takes, and every function is noexcept except
+// vramswap_torch_malloc, which throws on purpose. Built, never run.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -9,6 +10,8 @@
 #include "vramswap/vramswap.h"
 
 static_assert(std::is_same_v<decltype(&vramswap_malloc), void* (*)(size_t, int, cudaStream_t) noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_torch_malloc), void* (*)(size_t, int, cudaStream_t)>);
+static_assert(!noexcept(vramswap_torch_malloc(0, 0, nullptr)), "vramswap_torch_malloc throws on failure");
 static_assert(std::is_same_v<decltype(&vramswap_free), void (*)(void*, size_t, int, cudaStream_t) noexcept>);
 static_assert(std::is_same_v<decltype(&vramswap_record_stream), void (*)(void*, cudaStream_t) noexcept>);
 static_assert(std::is_same_v<decltype(&vramswap_empty_cache), void (*)() noexcept>);
@@ -28,4 +31,5 @@ static_assert(std::is_same_v<decltype(&vramswap_prefetch), int (*)(uint64_t) noe
 using TorchMalloc = void* (*)(size_t, int, cudaStream_t);
 using TorchFree = void (*)(void*, size_t, int, cudaStream_t);
 [[maybe_unused]] static TorchMalloc torch_malloc = vramswap_malloc;
+[[maybe_unused]] static TorchMalloc torch_throwing_malloc = vramswap_torch_malloc;
 [[maybe_unused]] static TorchFree torch_free = vramswap_free;

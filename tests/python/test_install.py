@@ -20,15 +20,22 @@ once):
                the loader's path (LD_LIBRARY_PATH), stands in for the CUDA runtime and
                driver that libvramswap.so links. Checks: a bad config value is refused
                naming its key with nothing swapped; then the real library path and the
-               names vramswap_malloc / vramswap_free reach torch, the symbols exist, the
-               reset and record_stream hooks get vramswap_empty_cache /
+               names vramswap_torch_malloc / vramswap_free reach torch (not vramswap_malloc:
+               torch does not check its alloc function's result for NULL), the symbols
+               exist, the reset and record_stream hooks get vramswap_empty_cache /
                vramswap_record_stream; calling the resolved functions as torch would
-               allocates and frees through vramswap under the configured VRAMSWAP_LIMIT (an
-               allocation past it is the NULL torch would get, counted in num_ooms); a second
+               allocates and frees through vramswap under the configured VRAMSWAP_LIMIT, and
+               size 0 is NULL without a throw. Past the limit vramswap_torch_malloc throws a
+               C++ exception, which cannot unwind through ctypes (the process would abort),
+               so that failure is checked here through vramswap_malloc, the same allocation
+               (NULL, counted in num_ooms, the report as the last error), and the throw
+               itself by tests/plugin/dlopen_test.cpp (Plugin.TorchMalloc*); a second
                install() only applies config; sim.install_cpu() is then refused.
   auto         VRAMSWAP_TORCH_EXT_CUDA unset / =1 on a torch whose C++ headers have no
                CUDAPluggableAllocator.h: =1 is refused naming the missing header with nothing
-               swapped; unset falls back to the ctypes path with a RuntimeWarning.
+               swapped; unset falls back to the ctypes path with a RuntimeWarning that says
+               a failed allocation raises RuntimeError there, OutOfMemoryError only with the
+               extension.
   after-cpu    sim.install_cpu() (the real CPU-emulation mode), then install(): refused.
   run          `python3 -m vramswap run` (through vramswap.__main__.main, so the stand-ins
                can be patched in first) with a "CUDA device": the script runs with
@@ -191,16 +198,17 @@ def case_ctypes():
     fake = Recorder.created[0]
     check(fake.path == lib_path and os.path.samefile(fake.path, _lib.loaded_path()),
           f"torch gets the real library path ({fake.path})")
-    check((fake.alloc_name, fake.free_name) == ("vramswap_malloc", "vramswap_free"),
-          f"torch gets the names vramswap_malloc / vramswap_free ({fake.alloc_name}, {fake.free_name})")
+    check((fake.alloc_name, fake.free_name) == ("vramswap_torch_malloc", "vramswap_free"),
+          f"torch gets the names vramswap_torch_malloc / vramswap_free ({fake.alloc_name}, {fake.free_name})")
     lib = _lib.lib()
 
     def addr(fn):
         return ctypes.cast(fn, ctypes.c_void_p).value
 
-    check(fake.alloc_fn == addr(lib.vramswap_malloc) and fake.free_fn == addr(lib.vramswap_free)
-          and fake.alloc_fn and fake.free_fn,
-          "torch's ctypes lookup finds both symbols, in the library vramswap loaded")
+    check(fake.alloc_fn == addr(lib.vramswap_torch_malloc) and fake.free_fn == addr(lib.vramswap_free)
+          and fake.alloc_fn and fake.free_fn and fake.alloc_fn != addr(lib.vramswap_malloc),
+          "torch's ctypes lookup finds both symbols, in the library vramswap loaded "
+          "(the throwing vramswap_torch_malloc, not vramswap_malloc)")
     hooks = fake.allocator().hooks
     check(hooks.get("reset") == addr(lib.vramswap_empty_cache),
           "the reset hook (torch.cuda.empty_cache) is vramswap_empty_cache")
@@ -216,17 +224,26 @@ def case_ctypes():
     p = alloc(4 * MIB, 0, None)
     mid = vramswap.memory_stats()
     check(bool(p) and mid["allocated_bytes"] - before["allocated_bytes"] >= 4 * MIB,
-          "torch's malloc (vramswap_malloc) serves 4 MiB through vramswap")
+          "torch's malloc (vramswap_torch_malloc) serves 4 MiB through vramswap")
+    check(_lib.last_error() == "", f"no error after it ({_lib.last_error()!r})")
+    check(not alloc(0, 0, None) and _lib.last_error() == ""
+          and vramswap.memory_stats()["num_allocs"] == mid["num_allocs"],
+          "torch's malloc of size 0 is NULL, with no error and nothing allocated (no throw)")
     record(p, None)
     check(_lib.last_error() == "", f"record_stream on the block: no error ({_lib.last_error()!r})")
     free(p, 4 * MIB, 0, None)
     reset()
     after = vramswap.memory_stats()
     check(after["allocated_bytes"] == before["allocated_bytes"], "torch's free (vramswap_free) returns it")
-    big = alloc(128 * MIB, 0, None)
+    # Past the limit torch's malloc would throw (a C++ exception cannot cross ctypes), so the
+    # same allocation is checked through vramswap_malloc: it fails, with the report.
+    big = lib.vramswap_malloc(128 * MIB, 0, None)
+    report = _lib.last_error()  # before the next vramswap call clears it
     oom = vramswap.memory_stats()
     check(not big and oom["num_ooms"] == after["num_ooms"] + 1,
-          "past VRAMSWAP_LIMIT=64MiB (applied by install) malloc returns NULL, counted in num_ooms")
+          "past VRAMSWAP_LIMIT=64MiB (applied by install) the allocation fails, counted in num_ooms")
+    check_words(report, ["out of memory", "64 MiB", "VRAMSWAP_LIMIT"],
+                "its report (what vramswap_torch_malloc's exception carries) names the limit")
 
     # Second install(): only config.
     e = expect_raise(lambda: vramswap.install(horizon="many"), ValueError)
@@ -269,8 +286,11 @@ def case_auto():
     check(got == "ctypes" and len(Recorder.changed) == 1,
           f"install() with VRAMSWAP_TORCH_EXT_CUDA unset falls back to the ctypes path ({got!r})")
     texts = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
-    check(len(texts) == 1 and "OutOfMemoryError" in texts[0] and "VRAMSWAP_TORCH_EXT_CUDA=0" in texts[0],
+    check(len(texts) == 1 and "raises RuntimeError" in texts[0] and "OutOfMemoryError" in texts[0]
+          and "VRAMSWAP_TORCH_EXT_CUDA=0" in texts[0],
           f"the fallback warns once, saying what is lost and how to choose it ({texts})")
+    check(Recorder.created[0].alloc_name == "vramswap_torch_malloc",
+          f"the fallback gives torch vramswap_torch_malloc ({Recorder.created[0].alloc_name})")
     check("CUDAPluggableAllocator.h" in (cuda.fallback_reason() or ""), "fallback_reason() has the reason")
 
 

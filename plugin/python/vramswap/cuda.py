@@ -12,11 +12,13 @@ install() does the swap, by one of two paths:
              calls vramswap_empty_cache, Tensor.record_stream calls vramswap_record_stream.
              Needs a torch 2.x with CUDA, its C++ headers, the CUDA runtime's headers and a
              C++ compiler.
-  ctypes     torch.cuda.memory.CUDAPluggableAllocator(libvramswap.so, "vramswap_malloc",
-             "vramswap_free") and torch.cuda.memory.change_current_allocator(); the reset
-             (empty_cache) and record_stream hooks are set through the allocator object's
-             set_reset_fn / set_record_stream_fn where this torch's Python binding has them.
-             No out-of-memory exception: see install().
+  ctypes     torch.cuda.memory.CUDAPluggableAllocator(libvramswap.so,
+             "vramswap_torch_malloc", "vramswap_free") and
+             torch.cuda.memory.change_current_allocator(); the reset (empty_cache) and
+             record_stream hooks are set through the allocator object's set_reset_fn /
+             set_record_stream_fn where this torch's Python binding has them. An allocation
+             vramswap cannot serve raises RuntimeError (not torch.cuda.OutOfMemoryError)
+             carrying vramswap's report: see install().
 
 VRAMSWAP_TORCH_EXT_CUDA (or the keyword torch_ext_cuda=) chooses: unset or `auto`, the
 extension when it can be built and loaded, else the ctypes path with a warning; `1` (on,
@@ -118,10 +120,15 @@ def _install_extension(ops, lib):
 
 
 def _install_ctypes(torch, lib):
-    """torch's own Python path; returns its allocator object."""
+    """torch's own Python path; returns its allocator object. The alloc function is
+    vramswap_torch_malloc, not vramswap_malloc: torch's CUDAPluggableAllocator does not check
+    for NULL, so it gets the entry point that throws (a C++ std::runtime_error with
+    vramswap's report, which torch raises as RuntimeError) instead of returning NULL. It is
+    only ever called by torch's C++, never through ctypes here: an exception cannot unwind
+    through a ctypes call."""
     memory = torch.cuda.memory
     # The same path the library was loaded from, so torch's dlopen finds the loaded copy.
-    allocator = memory.CUDAPluggableAllocator(_lib.loaded_path(), "vramswap_malloc", "vramswap_free")
+    allocator = memory.CUDAPluggableAllocator(_lib.loaded_path(), "vramswap_torch_malloc", "vramswap_free")
     raw = allocator.allocator()
     for setter, fn in (("set_reset_fn", lib.vramswap_empty_cache),
                        ("set_record_stream_fn", lib.vramswap_record_stream)):
@@ -142,8 +149,9 @@ def _warn_fallback(reason, config):
     first_line = reason.strip().splitlines()[0] if reason.strip() else "no reason given"
     warnings.warn(
         f"vramswap.install(): vramswap's CUDA extension cannot be used ({first_line}); using "
-        "torch's ctypes path instead, where an allocation vramswap cannot serve is not raised "
-        "as torch.cuda.OutOfMemoryError (see vramswap.install's documentation). "
+        "torch's ctypes path instead, where an allocation vramswap cannot serve raises "
+        "RuntimeError carrying vramswap's report (only the extension raises "
+        "torch.cuda.OutOfMemoryError; see vramswap.install's documentation). "
         f"{EXT_KEY}=0 chooses the ctypes path without this warning; "
         "vramswap.cuda.fallback_reason() has the whole reason", RuntimeWarning, stacklevel=3)
 
@@ -166,12 +174,21 @@ def install(**config):
     a GPU), and when the CPU-emulation mode is installed in this process.
 
     What the ctypes path (torch.cuda.memory.CUDAPluggableAllocator) loses against the
-    extension: torch does not check what the allocation function returns, so when vramswap
-    cannot serve an allocation (past VRAMSWAP_LIMIT with nothing left to evict, or the host
-    tier full) torch gets a NULL data pointer instead of an exception, and the first kernel
-    or copy touching that tensor fails with a CUDA error (an illegal address, which leaves
-    the CUDA context unusable) far from the allocation. vramswap's report is then only in its
-    log (VRAMSWAP_LOG=warn, the default, prints it) and in memory_stats()["num_ooms"].
+    extension: torch does not check what the allocation function returns (a NULL would
+    become a tensor at address 0 whose first kernel fails with a CUDA error that leaves the
+    context unusable), so that path is given vramswap_torch_malloc, which throws a C++
+    std::runtime_error when vramswap cannot serve an allocation (past VRAMSWAP_LIMIT with
+    nothing left to evict, the host tier full, an invalid device, a bad configuration).
+    torch passes it on and raises it as a plain RuntimeError whose message is vramswap's
+    report ("vramswap: CUDA out of memory allocating N bytes on device D: ...", or
+    "vramswap: allocating N bytes on device D failed: ..." when the cause is not a lack of
+    memory), where the extension raises torch.cuda.OutOfMemoryError (a RuntimeError
+    subclass) with the same report: `except RuntimeError` catches both,
+    `except torch.cuda.OutOfMemoryError` only the extension's. Where torch itself recovers
+    from an out-of-memory by catching its own C++ type (cuDNN convolution falling back to an
+    algorithm with a smaller workspace), the ctypes path's exception is not caught and fails
+    the operation instead. The report is also in vramswap's log (VRAMSWAP_LOG=warn, the
+    default, prints it) and counted in memory_stats()["num_ooms"].
     empty_cache and record_stream reach vramswap on both paths where torch's Python binding
     has set_reset_fn / set_record_stream_fn (torch 2.x); with a torch that lacks them,
     torch.cuda.empty_cache() does nothing (vramswap.empty_cache() still works) and
