@@ -71,4 +71,26 @@ PointerInfo classify(const void* ptr, uint64_t bytes) {
   return info;
 }
 
+uintptr_t first_inaccessible(const void* ptr, uint64_t bytes, bool write) {
+  auto addr = reinterpret_cast<uintptr_t>(ptr);
+  AddressSpace& as = address_space();
+  std::shared_lock lock(as.mu);
+  Region* r = as.find(addr);
+  if (!r) return addr;
+  if (r->kind != RegionKind::kReservation) return 0;
+  const uint64_t end = addr + bytes;
+  uintptr_t at = addr;
+  auto it = r->mappings.upper_bound(addr);
+  if (it != r->mappings.begin()) --it;
+  for (; at < end; ++it) {
+    if (it == r->mappings.end() || it->first > at || it->first + it->second.size <= at) return at;
+    const CUmemAccess_flags a = it->second.access;
+    const bool ok = write ? a == CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                          : (a == CU_MEM_ACCESS_FLAGS_PROT_READ || a == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    if (!ok) return at;
+    at = it->first + it->second.size;
+  }
+  return 0;
+}
+
 }  // namespace cudasim

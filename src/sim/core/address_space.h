@@ -68,4 +68,11 @@ struct PointerInfo {
 // contiguous mappings of one reservation, else range_ok is false.
 PointerInfo classify(const void* ptr, uint64_t bytes);
 
+// For an operation that does not touch the bytes (CUDASIM_UNBACKED): the first address of
+// the device range [ptr, ptr+bytes) that the host may not read (or, with `write`, write):
+// inside a reservation but not mapped, or mapped without that access; `ptr` itself when
+// the range is no longer known at all (its block was freed). 0 when the whole range may
+// be touched.
+uintptr_t first_inaccessible(const void* ptr, uint64_t bytes, bool write);
+
 }  // namespace cudasim

@@ -12,6 +12,7 @@
 
 #include "env.h"
 #include "stream.h"
+#include "virtual_time.h"
 
 namespace cudasim {
 
@@ -29,7 +30,7 @@ Device::Device(int ordinal, uint64_t capacity) : ordinal_(ordinal), capacity_(ca
     std::_Exit(2);
   }
   free_[0] = file_size;
-  legacy_ = std::make_shared<Stream>(this, Stream::Kind::kLegacy, 0, 0);
+  legacy_ = std::make_shared<Stream>(this, Stream::Kind::kLegacy, 0, 0, 0);
 }
 
 bool Device::charge(uint64_t bytes) {
@@ -134,6 +135,13 @@ std::vector<std::shared_ptr<Stream>> Device::all_streams() {
   return out;
 }
 
+void Device::synchronize() {
+  // Read the virtual end first: work queued by other threads meanwhile is not awaited.
+  const uint64_t end_ns = virtual_time() ? device_end_ns(ordinal_) : 0;
+  for (auto& s : all_streams()) s->synchronize();
+  if (virtual_time()) advance_host_to(end_ns);
+}
+
 namespace {
 std::atomic<Driver*> g_driver{nullptr};
 std::mutex g_init_mu;
@@ -150,9 +158,13 @@ CUresult initialize() {
   for (int i = 0; i < s.device_count; ++i) d->devices.push_back(std::make_unique<Device>(i, s.device_memory));
   install_fault_reporter();
   g_driver.store(d, std::memory_order_release);
-  if (s.log)
-    log_line("initialized: %d device(s) of %llu bytes%s", s.device_count, (unsigned long long)s.device_memory,
-             s.chaos ? ", chaos on" : "");
+  if (s.log) {
+    log_line("initialized: %d device(s) of %llu bytes%s%s", s.device_count, (unsigned long long)s.device_memory,
+             s.chaos ? ", chaos on" : "", s.unbacked ? ", unbacked" : "");
+    if (s.virtual_time)
+      log_line("virtual time: PCIe %g GB/s per direction (%s duplex), HBM %g GB/s", s.pcie_gbps,
+               s.pcie_shared ? "shared" : "full", s.hbm_gbps);
+  }
   return CUDA_SUCCESS;
 }
 

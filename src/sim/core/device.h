@@ -94,6 +94,10 @@ class Device {
   // Every live stream of the device, for device-wide synchronization.
   void add_stream(const std::shared_ptr<Stream>& s);
   std::vector<std::shared_ptr<Stream>> all_streams();
+  // Blocks the calling (host) thread until all work queued on the device so far has
+  // completed; in virtual time the host clock then moves to the device's virtual end
+  // (which covers streams destroyed since).
+  void synchronize();
 
  private:
   const int ordinal_;

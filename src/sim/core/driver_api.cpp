@@ -8,6 +8,7 @@
 
 #include "api.h"
 #include "cudasim.h"
+#include "virtual_time.h"
 
 namespace cudasim {
 
@@ -225,7 +226,7 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   if (!call.ok()) return call.status();
   Device* d = device(dev);
   if (!d) return call.ret(CUDA_ERROR_INVALID_DEVICE);
-  for (auto& s : d->all_streams()) s->synchronize();
+  d->synchronize();
   return call.ret(CUDA_SUCCESS);
 }
 
@@ -280,7 +281,7 @@ CUresult cuCtxSynchronize(void) {
   Call call(__func__, Call::kNeedsContext);
   if (!call.ok()) return call.status();
   if (CUresult r = check_unsafe_call()) return call.ret(r);
-  for (auto& s : current_device()->all_streams()) s->synchronize();
+  current_device()->synchronize();
   return call.ret(CUDA_SUCCESS);
 }
 
@@ -309,6 +310,14 @@ int cudasim_reset_counters(int dev) {
 }
 
 int cudasim_is_emulated(void) { return 1; }
+
+int cudasim_virtual_time(void) { return virtual_time() ? 1 : 0; }
+
+uint64_t cudasim_now_ns(void) { return virtual_time() ? host_now_ns() : real_now_ns(); }
+
+size_t cudasim_timeline(cudasim_timeline_entry* out, size_t capacity) { return timeline_copy(out, capacity); }
+
+void cudasim_timeline_clear(void) { timeline_clear(); }
 
 // Called by the generated weak stubs of driver functions cudasim does not implement.
 int cudasim_driver_unsupported(const char* name) {

@@ -8,7 +8,13 @@
 //     device to device, which is asynchronous;
 //   * synchronous memsets of device memory are asynchronous with respect to the host.
 // cuMemFree / cuMemFreeHost wait for the device's streams (as cudaFree synchronizes),
-// so no queued work can touch memory after it is unmapped.
+// so no queued work can touch memory after it is unmapped. Every such wait is a host
+// wait of virtual time (it moves the host clock; see virtual_time.h).
+//
+// CUDASIM_UNBACKED=1: copies and memsets move no bytes (they are only timed and
+// counted), so device and pinned memory that nothing else writes never gets RAM; the
+// data is garbage. A device range that is unmapped, or mapped without the access the
+// operation needs, still faults when the operation runs, as it would on a GPU.
 #include <cuda.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -27,8 +33,17 @@ constexpr uint64_t kPage = 4096;
 uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
 void synchronize_all_devices() {
-  for (int i = 0; i < device_count(); ++i)
-    for (auto& s : device(i)->all_streams()) s->synchronize();
+  for (int i = 0; i < device_count(); ++i) device(i)->synchronize();
+}
+
+// Unbacked: what the copy would have touched, touched only where that faults. The access
+// is made to the first address the operation may not touch, so the fault report names it.
+void fault_if_inaccessible(const void* p, uint64_t n, bool write) {
+  uintptr_t bad = first_inaccessible(p, n, write);
+  if (!bad) return;
+  volatile unsigned char* q = reinterpret_cast<volatile unsigned char*>(bad);
+  unsigned char v = *q;  // faults on a range without access
+  if (write) *q = v;     // faults on a read-only range
 }
 
 // Maps anonymous host-accessible memory for a device block or a pinned host buffer.
@@ -107,7 +122,16 @@ CUresult copy(void* dst, const void* src, size_t n, CUstream h, bool per_thread,
 
   Operation op;
   op.what = what;
-  if (!src_dev && s.type == PointerInfo::Type::kPageableHost && !sync_call) {
+  op.timing.kind = dst_dev ? (src_dev ? OpKind::kCopyD2D : OpKind::kCopyH2D)
+                           : (src_dev ? OpKind::kCopyD2H : OpKind::kOther);
+  op.timing.bytes = n;
+  if (settings().unbacked) {
+    op.run = [dst, src, n, counter, dst_dev, src_dev] {
+      if (src_dev) fault_if_inaccessible(src, n, false);
+      if (dst_dev) fault_if_inaccessible(dst, n, true);
+      counter->fetch_add(n, std::memory_order_relaxed);
+    };
+  } else if (!src_dev && s.type == PointerInfo::Type::kPageableHost && !sync_call) {
     // Pageable source: staged now, as the driver stages it into its own pinned buffer.
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + n);
     op.run = [dst, staged, n, counter] {
@@ -124,7 +148,7 @@ CUresult copy(void* dst, const void* src, size_t n, CUstream h, bool per_thread,
   bool host_waits;
   if (sync_call) host_waits = !(dst_dev && src_dev);
   else host_waits = (!dst_dev && (src_dev ? d.type == PointerInfo::Type::kPageableHost : true));
-  if (host_waits) done.wait();
+  if (host_waits) done.host_wait();
   return CUDA_SUCCESS;
 }
 
@@ -146,20 +170,30 @@ CUresult memset_elements(void* dst, uint32_t value, size_t elem, size_t count, C
   Counters& counters = stream->device()->counters();
   Operation op;
   op.what = "memset";
-  op.run = [dst, value, elem, count, bytes, &counters] {
-    if (elem == 1) {
-      std::memset(dst, int(value & 0xff), count);
-    } else if (elem == 2) {
-      auto* p = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < count; ++i) p[i] = uint16_t(value);
-    } else {
-      auto* p = static_cast<uint32_t*>(dst);
-      for (size_t i = 0; i < count; ++i) p[i] = value;
-    }
-    counters.bytes_memset.fetch_add(bytes, std::memory_order_relaxed);
-  };
+  op.timing.kind = OpKind::kMemset;
+  op.timing.bytes = bytes;
+  if (settings().unbacked) {
+    const bool dst_dev = is_device(d);
+    op.run = [dst, bytes, dst_dev, &counters] {
+      if (dst_dev) fault_if_inaccessible(dst, bytes, true);
+      counters.bytes_memset.fetch_add(bytes, std::memory_order_relaxed);
+    };
+  } else {
+    op.run = [dst, value, elem, count, bytes, &counters] {
+      if (elem == 1) {
+        std::memset(dst, int(value & 0xff), count);
+      } else if (elem == 2) {
+        auto* p = static_cast<uint16_t*>(dst);
+        for (size_t i = 0; i < count; ++i) p[i] = uint16_t(value);
+      } else {
+        auto* p = static_cast<uint32_t*>(dst);
+        for (size_t i = 0; i < count; ++i) p[i] = value;
+      }
+      counters.bytes_memset.fetch_add(bytes, std::memory_order_relaxed);
+    };
+  }
   StreamPoint done = stream->enqueue(std::move(op));
-  if (sync_call && d.type == PointerInfo::Type::kPinnedHost) done.wait();
+  if (sync_call && d.type == PointerInfo::Type::kPinnedHost) done.host_wait();
   return CUDA_SUCCESS;
 }
 

@@ -3,8 +3,12 @@
 #include <cuda.h>
 
 #include <chrono>
+#include <cstring>
+#include <thread>
 
 #include "api.h"
+#include "cudasim.h"
+#include "virtual_time.h"
 
 namespace cudasim {
 namespace {
@@ -17,10 +21,11 @@ CUresult create_stream(CUstream* ph, unsigned flags, int priority) {
   // CUDA clamps a priority outside the range to the nearest bound.
   priority = std::min(kLeastPriority, std::max(kGreatestPriority, priority));
   Device* dev = current_device();
-  auto s = std::make_shared<Stream>(dev, Stream::Kind::kCreated, flags, priority);
+  auto* h = new CUstream_st;
+  auto s = std::make_shared<Stream>(dev, Stream::Kind::kCreated, flags, priority, reinterpret_cast<uint64_t>(h));
+  h->stream = s;
   if (s->blocking()) dev->add_blocking_stream(s);
   dev->add_stream(s);
-  auto* h = new CUstream_st{s};
   stream_handles().add(h);
   *ph = h;
   return CUDA_SUCCESS;
@@ -58,7 +63,7 @@ CUresult stream_query(CUstream h, bool per_thread) {
   CUresult err;
   auto s = resolve_for_host_wait(h, per_thread, &err);
   if (!s) return err;
-  return s->idle() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  return s->tail().host_query() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 CUresult stream_synchronize(CUstream h, bool per_thread) {
@@ -88,6 +93,7 @@ CUresult stream_wait_event(CUstream h, CUevent e, unsigned flags, bool per_threa
   Operation op;
   op.what = "wait event";
   op.after.push_back(e->point);
+  op.timing.wait_ns = e->point.end_ns;
   lock.unlock();
   if (CUresult r = check_legacy_implicit(s)) return r;
   s->enqueue(std::move(op));
@@ -127,6 +133,7 @@ CUresult launch_host_func(CUstream h, CUhostFn fn, void* data, bool per_thread) 
   if (CUresult r = check_legacy_implicit(s)) return r;
   Operation op;
   op.what = "host function";
+  op.timing.kind = OpKind::kOther;
   op.run = [fn, data] {
     in_host_function() = true;
     fn(data);
@@ -144,6 +151,7 @@ CUresult add_callback(CUstream h, CUstreamCallback cb, void* data, unsigned flag
   if (s->capture()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // callbacks cannot be captured
   Operation op;
   op.what = "stream callback";
+  op.timing.kind = OpKind::kOther;
   op.run = [cb, data, h] {
     in_host_function() = true;
     cb(h, CUDA_SUCCESS, data);
@@ -211,6 +219,26 @@ CUresult is_capturing(CUstream h, CUstreamCaptureStatus* status, bool per_thread
   auto cap = s->capture();
   *status = !cap ? CU_STREAM_CAPTURE_STATUS_NONE
                  : (cap->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  return CUDA_SUCCESS;
+}
+
+// Real time: a kernel sleeps its duration up to this cap, enough to order streams in a
+// test without making a long modelled kernel stall a real-time run.
+constexpr uint64_t kRealKernelCapNs = 10'000'000;
+
+CUresult kernel(CUstream h, uint64_t ns, const char* label) {
+  CUresult err;
+  auto s = resolve_stream(h, false, &err);
+  if (!s) return err;
+  if (CUresult r = check_legacy_implicit(s)) return r;
+  Operation op;
+  op.what = "kernel";
+  op.timing.kind = OpKind::kKernel;
+  op.timing.kernel_ns = ns;
+  if (label) op.timing.label.assign(label, strnlen(label, kLabelSize - 1));
+  if (!virtual_time())
+    op.run = [ns] { std::this_thread::sleep_for(std::chrono::nanoseconds(std::min(ns, kRealKernelCapNs))); };
+  s->enqueue(std::move(op));  // while the stream captures, into the graph
   return CUDA_SUCCESS;
 }
 
@@ -299,6 +327,13 @@ CUDASIM_PAIR(cuStreamGetFlags, (CUstream h, unsigned int* flags), h, flags)
 CUDASIM_PAIR(cuStreamGetId, (CUstream h, unsigned long long* id), h, id)
 CUDASIM_PAIR(cuStreamGetDevice, (CUstream h, CUdevice* dev), h, dev)
 
+int cudasim_kernel(void* stream, uint64_t ns, const char* label) {
+  Call call(__func__);
+  if (!call.ok()) return call.status();
+  call.note("stream %p, %llu ns, %s", stream, (unsigned long long)ns, label ? label : "(no label)");
+  return call.ret(kernel(static_cast<CUstream>(stream), ns, label));
+}
+
 CUresult cuEventRecordWithFlags(CUevent e, CUstream h, unsigned int flags) {
   Call call(__func__);
   if (!call.ok()) return call.status();
@@ -355,9 +390,13 @@ CUresult cuEventQuery(CUevent e) {
   Call call(__func__);
   if (!call.ok()) return call.status();
   if (!e || !event_handles().contains(e)) return call.ret(CUDA_ERROR_INVALID_HANDLE);
-  std::lock_guard lock(e->mu);
-  if (e->captured_in) return call.ret(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-  return call.ret(e->point.done() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
+  StreamPoint p;
+  {
+    std::lock_guard lock(e->mu);
+    if (e->captured_in) return call.ret(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    p = e->point;
+  }
+  return call.ret(p.host_query() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
 }
 
 CUresult cuEventSynchronize(CUevent e) {
@@ -370,7 +409,7 @@ CUresult cuEventSynchronize(CUevent e) {
     if (e->captured_in) return call.ret(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     p = e->point;
   }
-  p.wait();
+  p.host_wait();
   return call.ret(CUDA_SUCCESS);
 }
 
@@ -380,11 +419,16 @@ CUresult cuEventElapsedTime_v2(float* ms, CUevent start, CUevent end) {
   if (!ms) return call.ret(CUDA_ERROR_INVALID_VALUE);
   if (!start || !end || !event_handles().contains(start) || !event_handles().contains(end))
     return call.ret(CUDA_ERROR_INVALID_HANDLE);
-  std::scoped_lock lock(start->mu, end->mu);
+  std::unique_lock lock_start(start->mu, std::defer_lock), lock_end(end->mu, std::defer_lock);
+  if (start == end) lock_start.lock();
+  else std::lock(lock_start, lock_end);
   if ((start->flags | end->flags) & CU_EVENT_DISABLE_TIMING) return call.ret(CUDA_ERROR_INVALID_HANDLE);
   if (!start->recorded || !end->recorded || !start->stamp || !end->stamp) return call.ret(CUDA_ERROR_INVALID_HANDLE);
-  if (!start->point.done() || !end->point.done()) return call.ret(CUDA_ERROR_NOT_READY);
-  *ms = std::chrono::duration<float, std::milli>(*end->stamp - *start->stamp).count();
+  if (!start->point.host_query() || !end->point.host_query()) return call.ret(CUDA_ERROR_NOT_READY);
+  if (virtual_time())  // the time between the two events' virtual completions
+    *ms = float((double(end->point.end_ns) - double(start->point.end_ns)) / 1e6);
+  else
+    *ms = std::chrono::duration<float, std::milli>(*end->stamp - *start->stamp).count();
   return call.ret(CUDA_SUCCESS);
 }
 

@@ -4,6 +4,8 @@
 #include "config/units.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +37,23 @@ std::optional<uint64_t> parse_uint(std::string_view s) {
   return v;
 }
 
+// A decimal rate in GB/s: finite, above 0, at most 1e6 (a sanity bound far above any link).
+std::optional<double> parse_rate(const char* s) {
+  if (!*s) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(s, &end);
+  if (errno != 0 || *end != '\0' || !std::isfinite(v) || v <= 0 || v > 1e6) return std::nullopt;
+  return v;
+}
+
+// A 0|1 switch.
+bool parse_switch(const char* name, const char* v) {
+  if (std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") != 0) bad_setting(name, v, "0 or 1");
+  return false;
+}
+
 Settings read_settings() {
   Settings s;
   if (const char* v = std::getenv("CUDASIM_DEVICE_MEMORY")) {
@@ -56,10 +75,27 @@ Settings read_settings() {
     s.chaos = true;
     s.chaos_seed = *seed;
   }
-  if (const char* v = std::getenv("CUDASIM_LOG"); v && *v) {
-    if (std::strcmp(v, "1") == 0) s.log = true;
-    else if (std::strcmp(v, "0") != 0) bad_setting("CUDASIM_LOG", v, "0 or 1");
+  if (const char* v = std::getenv("CUDASIM_LOG"); v && *v) s.log = parse_switch("CUDASIM_LOG", v);
+  if (const char* v = std::getenv("CUDASIM_TIME"); v && *v) {
+    if (std::strcmp(v, "virtual") == 0) s.virtual_time = true;
+    else if (std::strcmp(v, "real") != 0) bad_setting("CUDASIM_TIME", v, "real or virtual");
   }
+  if (const char* v = std::getenv("CUDASIM_PCIE_GBPS")) {
+    auto r = parse_rate(v);
+    if (!r) bad_setting("CUDASIM_PCIE_GBPS", v, "a decimal number of GB/s (1e9 bytes/s) above 0, at most 1e6");
+    s.pcie_gbps = *r;
+  }
+  if (const char* v = std::getenv("CUDASIM_PCIE_DUPLEX"); v && *v) {
+    if (std::strcmp(v, "shared") == 0) s.pcie_shared = true;
+    else if (std::strcmp(v, "full") != 0) bad_setting("CUDASIM_PCIE_DUPLEX", v, "full or shared");
+  }
+  if (const char* v = std::getenv("CUDASIM_HBM_GBPS")) {
+    auto r = parse_rate(v);
+    if (!r) bad_setting("CUDASIM_HBM_GBPS", v, "a decimal number of GB/s (1e9 bytes/s) above 0, at most 1e6");
+    s.hbm_gbps = *r;
+  }
+  if (const char* v = std::getenv("CUDASIM_UNBACKED"); v && *v) s.unbacked = parse_switch("CUDASIM_UNBACKED", v);
+  if (const char* v = std::getenv("CUDASIM_TIMELINE"); v && *v) s.timeline = parse_switch("CUDASIM_TIMELINE", v);
   return s;
 }
 

@@ -16,6 +16,13 @@ struct Settings {
   bool chaos = false;                   // CUDASIM_CHAOS=<seed>: random delays before stream operations
   uint64_t chaos_seed = 0;
   bool log = false;                     // CUDASIM_LOG=1: trace calls to stderr
+  // Virtual time (virtual_time.h).
+  bool virtual_time = false;            // CUDASIM_TIME=real|virtual
+  double pcie_gbps = 55;                // CUDASIM_PCIE_GBPS: per direction; a PCIe 5.0 x16 link's practical rate
+  bool pcie_shared = false;             // CUDASIM_PCIE_DUPLEX=full|shared: shared serializes H2D and D2H
+  double hbm_gbps = 2000;               // CUDASIM_HBM_GBPS: d2d copies and memsets; an HBM3 card's order
+  bool unbacked = false;                // CUDASIM_UNBACKED=1: copies and memsets time but touch no data
+  bool timeline = false;                // CUDASIM_TIMELINE=1: record the timeline in real-time mode too
 };
 
 // The process's settings, parsed on first use. Thread-safe (a function-local static).

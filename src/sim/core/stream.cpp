@@ -36,12 +36,25 @@ void StreamPoint::wait() const {
   if (stream) stream->wait_for(seq);
 }
 
-Stream::Stream(Device* device, Kind kind, unsigned flags, int priority)
+void StreamPoint::host_wait() const {
+  wait();
+  if (virtual_time()) advance_host_to(end_ns);
+}
+
+bool StreamPoint::host_query() const {
+  if (!virtual_time()) return done();
+  if (end_ns > host_now_ns()) return false;
+  wait();  // virtually complete: the data must be there too
+  return true;
+}
+
+Stream::Stream(Device* device, Kind kind, unsigned flags, int priority, uint64_t handle)
     : device_(device),
       kind_(kind),
       flags_(flags),
       priority_(priority),
       id_(g_next_stream_id.fetch_add(1)),
+      handle_(handle),
       chaos_rng_(splitmix(settings().chaos_seed ^ splitmix(id_))) {}
 
 Stream::~Stream() = default;
@@ -53,38 +66,45 @@ StreamPoint Stream::enqueue(Operation op) {
     cap->graph->ops.push_back(std::move(op));
     return {};
   }
-  if (kind_ == Kind::kLegacy) {
-    for (auto& s : device_->blocking_streams()) {
-      StreamPoint p = s->tail();
-      if (!p.done()) op.after.push_back(std::move(p));
-    }
-  } else if (blocking()) {
-    StreamPoint p = device_->legacy_stream().tail();
+  // In virtual time the whole enqueue is one step of the clock: the implicit dependencies
+  // are read and the operation queued with no other enqueue in between.
+  std::unique_lock<std::mutex> clock_lock;
+  if (virtual_time()) clock_lock = std::unique_lock(clock_mutex());
+  // Virtual time depends on the dependencies' virtual ends, never on whether the real
+  // work happens to be done yet.
+  uint64_t implicit_ns = 0;
+  auto depend_on = [&](StreamPoint p) {
+    implicit_ns = std::max(implicit_ns, p.end_ns);
     if (!p.done()) op.after.push_back(std::move(p));
+  };
+  if (kind_ == Kind::kLegacy) {
+    for (auto& s : device_->blocking_streams()) depend_on(s->tail());
+  } else if (blocking()) {
+    depend_on(device_->legacy_stream().tail());
   }
-  return enqueue_raw(std::move(op));
+  return submit(std::move(op), implicit_ns);
 }
 
-StreamPoint Stream::enqueue_raw(Operation op) {
+StreamPoint Stream::submit(Operation op, uint64_t implicit_ns) {
   std::lock_guard lock(mu_);
+  uint64_t end_ns = 0;
+  if (virtual_time())
+    end_ns = schedule(op.timing, op.what, device_->ordinal(), handle_, clock_, implicit_ns);
+  else if (op.timing.kind != OpKind::kUntimed && timeline_recording())
+    op.timeline_id = timeline_queued(op.timing, op.what, device_->ordinal(), handle_);
   uint64_t seq = ++submitted_;
   queue_.emplace_back(seq, std::move(op));
   if (!worker_started_) start_worker_locked();
   cv_.notify_all();
-  return {shared_from_this(), seq};
+  return {shared_from_this(), seq, end_ns};
 }
 
 StreamPoint Stream::tail() {
   std::lock_guard lock(mu_);
-  return {shared_from_this(), submitted_};
+  return {shared_from_this(), submitted_, clock_.end_ns};
 }
 
-bool Stream::idle() {
-  std::lock_guard lock(mu_);
-  return completed_ == submitted_;
-}
-
-void Stream::synchronize() { tail().wait(); }
+void Stream::synchronize() { tail().host_wait(); }
 
 void Stream::retire() {
   std::lock_guard lock(mu_);
@@ -143,7 +163,9 @@ void Stream::worker_loop() {
     for (const StreamPoint& p : op.after) p.wait();
     chaos_delay();
     t_current_op = op.what;
+    const uint64_t started = op.timeline_id ? real_now_ns() : 0;
     if (op.run) op.run();
+    if (op.timeline_id) timeline_ran(op.timeline_id, started, real_now_ns());
     t_current_op = nullptr;
     if (op.counts) device_->counters().ops_executed.fetch_add(1, std::memory_order_relaxed);
     op = Operation{};  // release captured state before announcing completion
@@ -173,7 +195,8 @@ std::shared_ptr<Stream> per_thread_stream(Device* device) {
   if (mine.streams.size() <= index) mine.streams.resize(index + 1);
   auto& s = mine.streams[index];
   if (!s) {
-    s = std::make_shared<Stream>(device, Stream::Kind::kPerThread, 0, 0);
+    s = std::make_shared<Stream>(device, Stream::Kind::kPerThread, 0, 0,
+                                 reinterpret_cast<uint64_t>(CU_STREAM_PER_THREAD));
     device->add_blocking_stream(s);
     device->add_stream(s);
   }

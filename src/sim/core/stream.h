@@ -22,6 +22,11 @@
 // drawn from a generator seeded by the seed and the stream's creation number, so a
 // missing synchronization shows up as a wrong result, reproducibly per seed.
 //
+// Virtual time (CUDASIM_TIME=virtual, virtual_time.h): each operation also gets a
+// virtual end when it is queued (the queue and the virtual order are the same order),
+// and a StreamPoint carries the virtual end of the work it names. The workers still run
+// every operation for real; host waits wait for them and then move the host clock.
+//
 // Thread safety: every public member may be called from any thread. A stream's mutex
 // is never held while an operation runs or while waiting for another stream.
 #pragma once
@@ -40,6 +45,8 @@
 #include <thread>
 #include <vector>
 
+#include "virtual_time.h"
+
 namespace cudasim {
 
 class Device;
@@ -49,15 +56,24 @@ class Stream;
 struct StreamPoint {
   std::shared_ptr<Stream> stream;
   uint64_t seq = 0;
+  uint64_t end_ns = 0;  // virtual time: when the work up to `seq` ends (0 in real time)
   bool done() const;
+  // Blocks until done (workers waiting on dependencies use this).
   void wait() const;
+  // The host waits: wait(), then in virtual time the host clock moves to end_ns.
+  void host_wait() const;
+  // The host asks: in real time done(); in virtual time end_ns <= the host clock, after
+  // which it waits for the real work, so that the answer depends on virtual time only.
+  bool host_query() const;
 };
 
 struct Operation {
-  const char* what = "";                 // for CUDASIM_LOG and fault reports
+  const char* what = "";                 // for CUDASIM_LOG, fault reports and the timeline
   std::function<void()> run;
   std::vector<StreamPoint> after;        // must be done before `run`
   bool counts = true;                    // counted in ops_executed
+  VirtualOp timing;                      // its kind and cost in virtual time
+  uint64_t timeline_id = 0;              // real-time timeline: the entry that gets its real times
 };
 
 struct Graph;
@@ -80,7 +96,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
  public:
   enum class Kind { kLegacy, kPerThread, kCreated };
 
-  Stream(Device* device, Kind kind, unsigned flags, int priority);
+  // `handle`: the value programs name it by (the timeline's stream): 0 for the legacy
+  // stream, CU_STREAM_PER_THREAD for a per-thread one, else its CUstream.
+  Stream(Device* device, Kind kind, unsigned flags, int priority, uint64_t handle);
   ~Stream();
 
   Device* device() const { return device_; }
@@ -88,19 +106,18 @@ class Stream : public std::enable_shared_from_this<Stream> {
   unsigned flags() const { return flags_; }
   int priority() const { return priority_; }
   uint64_t id() const { return id_; }
+  uint64_t handle() const { return handle_; }
   bool blocking() const { return kind_ != Kind::kLegacy && !(flags_ & CU_STREAM_NON_BLOCKING); }
 
   // Queues an operation (adding the legacy-stream dependencies) and returns its point.
   // While the stream captures, the operation goes to the capture's graph instead and the
   // returned point has no stream.
   StreamPoint enqueue(Operation op);
-  // Queues without legacy-stream dependencies and without capture (graph launch).
-  StreamPoint enqueue_raw(Operation op);
 
   // The point after everything queued so far.
   StreamPoint tail();
-  bool idle();
-  // Blocks the calling thread until everything queued so far has completed.
+  // Blocks the calling (host) thread until everything queued so far has completed; in
+  // virtual time the host clock then moves to its virtual end.
   void synchronize();
   // No more work will be queued; the worker exits once the queue drains.
   void retire();
@@ -114,6 +131,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
   void wait_for(uint64_t seq);
 
  private:
+  // Queues `op` after implicit dependencies ending at virtual time `implicit_ns`. In
+  // virtual time the caller holds clock_mutex().
+  StreamPoint submit(Operation op, uint64_t implicit_ns);
   void start_worker_locked();
   void worker_loop();
   void chaos_delay();
@@ -123,6 +143,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
   const unsigned flags_;
   const int priority_;
   const uint64_t id_;
+  const uint64_t handle_;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -132,6 +153,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
   bool retired_ = false;
   bool worker_started_ = false;
   std::shared_ptr<Capture> capture_;
+  StreamClock clock_;  // written under clock_mutex() and mu_, read under either
   std::mt19937_64 chaos_rng_;
 };
 
