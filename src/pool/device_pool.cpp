@@ -54,6 +54,8 @@ struct Block {
   std::vector<cudaStream_t> also_on;   // live: streams added by record_stream
   bool own_span = false;               // live: granule-aligned, alone on its granules
   bool unmapped = false;               // live own-span block whose pages were taken away
+  uint64_t serial = 0;                 // free, tagged with a stream: the latest release in it
+                                       // (deallocate_to_any's promotion checks it)
 };
 
 struct QuickKey {
@@ -120,8 +122,9 @@ class DevicePool::Impl {
     it->second.erase({b->second.size, b->first});
     if (it->second.empty()) free_.erase(it);
   }
-  // Makes `b` free with `tag`, merged with free neighbours of the same tag.
-  void release_block(BlockIt b, cudaStream_t tag);
+  // Makes `b` free with `tag`, merged with free neighbours of the same tag; `serial`: the
+  // release's serial when a promotion names it (0: a fresh one).
+  void release_block(BlockIt b, cudaStream_t tag, uint64_t serial = 0);
   // The best-fitting free block for `size` usable on `stream`, or end(). With `aligned`,
   // the block must hold `size` bytes from its first granule boundary.
   BlockIt find_fit(uint64_t size, cudaStream_t stream, bool aligned = false);
@@ -177,6 +180,16 @@ class DevicePool::Impl {
   std::map<cudaStream_t, std::set<std::pair<uint64_t, uintptr_t>>> free_;
   std::vector<Granule> granules_;
   std::vector<Pending> pending_;
+  // deallocate_to_any's blocks: free on their stream at once, free for any stream once the
+  // event completes, if no later release has merged into them (Block::serial).
+  struct Promotion {
+    uintptr_t addr;
+    uint64_t serial;
+    cudaStream_t tag;
+    cuda::Event event;
+  };
+  std::vector<Promotion> promotions_;
+  uint64_t next_serial_ = 0;
   std::unordered_map<QuickKey, std::vector<BlockIt>, QuickKeyHash> quick_;
   uint64_t quick_blocks_ = 0;
   std::vector<cuda::PhysicalPages> spare_;  // owned pages mapped nowhere
@@ -304,15 +317,20 @@ void DevicePool::Impl::release_spare() {
   spare_.clear();
 }
 
-void DevicePool::Impl::release_block(BlockIt b, cudaStream_t tag) {
+void DevicePool::Impl::release_block(BlockIt b, cudaStream_t tag, uint64_t serial) {
   b->second.state = State::kFree;
   b->second.tag = tag;
   b->second.also_on.clear();
+  // Every release to a stream gets a fresh serial, and a merged block carries the latest:
+  // only that release's promotion event (the latest on the stream, so it covers the
+  // others) may hand it to any stream. A release with no promotion thus blocks older ones.
+  b->second.serial = tag == kAnyStream ? 0 : serial != 0 ? serial : ++next_serial_;
   if (b != blocks_.begin()) {
     auto prev = std::prev(b);
     if (prev->second.state == State::kFree && prev->second.tag == tag) {
       index_erase(prev);
       prev->second.size += b->second.size;
+      prev->second.serial = std::max(prev->second.serial, b->second.serial);
       blocks_.erase(b);
       b = prev;
     }
@@ -321,12 +339,32 @@ void DevicePool::Impl::release_block(BlockIt b, cudaStream_t tag) {
   if (next != blocks_.end() && next->second.state == State::kFree && next->second.tag == tag) {
     index_erase(next);
     b->second.size += next->second.size;
+    b->second.serial = std::max(b->second.serial, next->second.serial);
     blocks_.erase(next);
   }
   index_insert(b);
 }
 
 void DevicePool::Impl::poll_pending() {
+  for (size_t i = 0; i < promotions_.size();) {
+    Promotion& p = promotions_[i];
+    if (!p.event.query()) {
+      ++i;
+      continue;
+    }
+    auto b = blocks_.upper_bound(p.addr);
+    if (b != blocks_.begin()) {
+      --b;  // the block that holds the freed address now
+      if (b->second.state == State::kFree && b->second.tag == p.tag && b->second.serial == p.serial &&
+          p.addr < b->first + b->second.size) {
+        index_erase(b);
+        release_block(b, kAnyStream);
+      }
+    }
+    events_.release(std::move(p.event));
+    promotions_[i] = std::move(promotions_.back());
+    promotions_.pop_back();
+  }
   for (size_t i = 0; i < pending_.size();) {
     Pending& p = pending_[i];
     bool done = std::all_of(p.events.begin(), p.events.end(), [](const cuda::Event& e) { return e.query(); });
@@ -368,6 +406,7 @@ void DevicePool::Impl::drain_pending(std::unique_lock<std::mutex>& lock) {
   std::vector<cudaEvent_t> waits;
   for (auto& p : pending_)
     for (auto& e : p.events) waits.push_back(e.get());
+  for (auto& p : promotions_) waits.push_back(p.event.get());
   lock.unlock();
   cuda::synchronize_events(waits);  // an event recycled meanwhile only makes this wait longer
   lock.lock();
@@ -377,11 +416,11 @@ void DevicePool::Impl::drain_pending(std::unique_lock<std::mutex>& lock) {
 bool DevicePool::Impl::relieve(int step, uint64_t bytes, std::unique_lock<std::mutex>& lock) {
   switch (step) {
     case 1:
-      if (!pending_.empty()) poll_pending();
+      if (!pending_.empty() || !promotions_.empty()) poll_pending();
       flush_quick();
       break;
     case 2:
-      if (pending_.empty()) return false;
+      if (pending_.empty() && promotions_.empty()) return false;
       drain_pending(lock);
       break;
     case 3: {
@@ -398,7 +437,7 @@ bool DevicePool::Impl::relieve(int step, uint64_t bytes, std::unique_lock<std::m
       const uint64_t freed = reclaim(bytes);
       lock.lock();
       if (freed == 0) return false;
-      if (!pending_.empty()) poll_pending();
+      if (!pending_.empty() || !promotions_.empty()) poll_pending();
       flush_quick();
       break;
     }
@@ -430,6 +469,7 @@ void* DevicePool::Impl::take(BlockIt b, uint64_t size, cudaStream_t stream, bool
   }
   if (b->second.size > size) {  // split: the rest stays free under the same tag
     Block rest{b->second.size - size, State::kFree, b->second.tag, {}};
+    rest.serial = b->second.serial;  // untouched since that release: its promotion still holds
     b->second.size = size;
     index_insert(blocks_.emplace(b->first + size, rest).first);
   }
@@ -454,7 +494,7 @@ void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* 
     return nullptr;
   }
   const uint64_t rounded = round_up(size, kAlignment);
-  if (!pending_.empty()) poll_pending();
+  if (!pending_.empty() || !promotions_.empty()) poll_pending();
   if (quick_blocks_) {
     auto q = quick_.find({stream, rounded});
     if (q != quick_.end() && !q->second.empty()) {
@@ -483,7 +523,7 @@ void* DevicePool::Impl::allocate_own_span(size_t size, cudaStream_t stream, std:
     *error = oom_report(size, size, "the pool's address range");
     return nullptr;
   }
-  if (!pending_.empty()) poll_pending();
+  if (!pending_.empty() || !promotions_.empty()) poll_pending();
   flush_quick();
   return allocate_slow(size, round_up(size, granularity_), stream, true, lock, error);
 }
@@ -611,10 +651,21 @@ Result DevicePool::Impl::deallocate_to_any(void* ptr, cudaStream_t stream) {
   BlockIt b = live_block_for_free(ptr, &refusal);
   if (b == blocks_.end()) return refusal;
   std::vector<cudaStream_t> streams = users_besides(b->second, stream);
-  streams.push_back(stream);
   allocated_ -= b->second.size;
   ++num_frees_;
-  hold_back(b, streams, kAnyStream);
+  if (!streams.empty()) {  // other streams used it: behind all their events, then any stream
+    streams.push_back(stream);
+    hold_back(b, streams, kAnyStream);
+    return {};
+  }
+  // Reusable at once by the freeing stream (its later work is ordered after the free, as
+  // for deallocate()), and by any stream once the event recorded now completes.
+  cuda::Event event = events_.acquire();
+  event.record(stream);
+  const uintptr_t addr = b->first;
+  const uint64_t serial = ++next_serial_;
+  release_block(b, stream, serial);
+  promotions_.push_back({addr, serial, stream, std::move(event)});
   return {};
 }
 

@@ -123,10 +123,12 @@ class DevicePool {
   // synchronization (it may still wait for the events of pending frees). Thread-safe.
   Result map_block(void* ptr, bool may_synchronize);
 
-  // Frees a block with an event recorded now on `stream` (and on every other stream that
-  // used it), after which it is reusable by any stream: for large blocks whose memory is
-  // wanted elsewhere soon (eviction's prefetches), where waiting for an event beats a
-  // device synchronization. Thread-safe.
+  // Frees a block for the freeing stream at once (as deallocate() does) and for any stream
+  // once an event recorded now on `stream` completes: for large blocks whose memory is
+  // wanted elsewhere soon (eviction's prefetches on a copy stream), where waiting for an
+  // event beats a device synchronization, while the program's own stream reuses the block
+  // without waiting (its host may run far ahead of the GPU). A block other streams used
+  // (record_stream) waits for all their events, then goes to any stream. Thread-safe.
   Result deallocate_to_any(void* ptr, cudaStream_t stream);
 
   // Called, with no pool lock held, when an allocation found no memory within the limit
