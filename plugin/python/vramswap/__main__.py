@@ -1,4 +1,10 @@
 """`python3 -m vramswap run [--no-offload] -- [python] script.py args...`
+`python3 -m vramswap bench [SCENARIO...] [--out DIR | --results] [--json] [--quick]`
+`python3 -m vramswap replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS] [--json]`
+
+bench and replay are the memory-pressure benchmark on cudasim in virtual time
+(vramswap/bench/cli.py); they need neither torch nor a GPU, and import no torch.
+The rest of this docstring is about `run`.
 
 Runs an unmodified torch script under vramswap:
   1. installs vramswap as torch's allocator, configured by the VRAMSWAP_* environment
@@ -29,11 +35,16 @@ import runpy
 import sys
 
 USAGE = """usage: python3 -m vramswap run [--no-offload] [--] [python] (script.py | -m module) [args...]
+       python3 -m vramswap bench [SCENARIO...|all] [--out DIR | --results] [--json] [--quick] [--list]
+       python3 -m vramswap replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS] [--json]
 
-Runs a torch script with vramswap as torch's allocator and the whole script inside one
+run: runs a torch script with vramswap as torch's allocator and the whole script inside one
 offload scope. Settings come from the VRAMSWAP_* environment (see README, "Configuration").
 With a CUDA device, vramswap becomes torch's CUDA allocator (vramswap.install());
-VRAMSWAP_TORCH_DEVICE=cpu-sim (or no CUDA device) selects the CPU-emulation mode."""
+VRAMSWAP_TORCH_DEVICE=cpu-sim (or no CUDA device) selects the CPU-emulation mode.
+
+bench, replay: the memory-pressure benchmark on cudasim in virtual time (no GPU, no torch);
+`python3 -m vramswap bench --help` and `python3 -m vramswap replay --help` describe them."""
 
 
 def _usage(status):
@@ -118,6 +129,12 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
         return _usage(0 if argv else 2)
+    if argv[0] in ("bench", "replay"):
+        from .bench import cli  # imports no torch
+        try:
+            return getattr(cli, argv[0])(argv[1:])
+        except SystemExit as e:  # argparse: --help (0) and usage errors (2)
+            return e.code if isinstance(e.code, int) else 2
     if argv[0] != "run":
         print(f"vramswap: unknown command {argv[0]!r}", file=sys.stderr)
         return _usage(2)

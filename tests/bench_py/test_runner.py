@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""The memory-pressure benchmark's runner, report and command line, on cudasim in virtual
+time (plugin/python/vramswap/bench). Plain python3, no torch: prints one "ok - ..." or
+"FAIL - ..." line per check (and "skip - ..." with the reason) and exits 0 only when no
+check failed.
+
+What it holds the runner to (the issue's "must show"), on a small GPT step from gpt.py:
+  * a vramswap limit above the no-offload peak moves 0 bytes and takes exactly no
+    offload's step time; "above" means where the design promises no pressure: the limit's
+    soft limit (VRAMSWAP_SOFT_LIMIT, 90% of it by default) above the peak;
+  * at 50% of the no-offload peak the step completes within 1.05x its ideal bound, with at
+    least 1.5x less PCIe traffic than offload_all — with VRAMSWAP_SOFT_LIMIT=95%. With the
+    default soft limit (90%) this step is at 1.057x and 1.45x (bench/results/README.md):
+    the default configuration does not yet show it, and this test does not claim it does;
+    the default's run is checked to complete within the limit;
+  * the same run twice gives the same numbers (virtual time is deterministic);
+  * under no offload on a card smaller than the peak, the run reports an out-of-memory at
+    an op, with vramswap's message (no crash);
+  * the Chrome trace of a run is JSON with complete ("X") events;
+  * `vramswap replay --json` of the MAGMA27 snapshot reports the trace's peak live bytes,
+    12,550,078,464 B (skipped when bench/traces, or VRAMSWAP_TRACES_DIR, lacks the file);
+  * `python3 -m vramswap bench` imports no torch; a bad argument is a usage error (exit 2)
+    that names it.
+Runs in well under a minute on 2 cores.
+
+Environment: VRAMSWAP_LIBRARY / VRAMSWAP_CUDASIM_DIR as for the package (default: build/).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PYDIR = REPO / "plugin" / "python"
+sys.path.insert(0, str(PYDIR))
+
+from vramswap.bench import report, runner, scenarios  # noqa: E402
+
+MAGMA27_PEAK_LIVE = 12_550_078_464
+# The small GPT step: scenarios.py's gpt-small-v10k (GPT-2 small's layout with the CS336 small
+# model's 10,000-token vocabulary), 12 GiB at its peak, 4,543 ops. Why not gpt-small: to fit
+# a limit L, at least (peak - L) bytes must leave the card and come back, while offload_all
+# moves every saved byte S. So at L = peak / 2 offload_all can move at most S / (peak / 2) =
+# 2 S / peak times what any allocator must move: 1.38 for gpt-small (S = 0.69 peak), 1.65
+# here (S = 0.83 peak). The issue's 1.5x can only be shown where S is at least 0.75 peak.
+GPT_SHAPE = dict(layers=12, hidden=768, heads=12, seq=1024, batch=8, vocab=10000)
+CARD = 80 << 30
+PCIE = 55.0
+
+failures = []
+
+
+def check(name, ok, detail=""):
+    print(("ok - " if ok else "FAIL - ") + name + ("" if ok else f": {detail}"), flush=True)
+    if not ok:
+        failures.append(name)
+
+
+def skip(name, why):
+    print(f"skip - {name}: {why}", flush=True)
+
+
+def numbers(r):
+    """A result without what legitimately differs between identical runs."""
+    return {k: v for k, v in r.items() if k not in ("wall_s", "stderr_tail")}
+
+
+def cli(*args, env=None):
+    e = dict(os.environ, PYTHONPATH=str(PYDIR))
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "vramswap", *args], capture_output=True, text=True, env=e,
+                          timeout=300)
+
+
+def main():
+    try:
+        from vramswap.bench import gpt
+    except ImportError as e:
+        check("vramswap.bench.gpt imports", False, str(e))
+        return
+    w = gpt.generate(**GPT_SHAPE).validate()
+    base = dict(card_bytes=CARD, pcie_gbps=PCIE)
+
+    none, offload_all = runner.run_many(w, [dict(base, policy="none"), dict(base, policy="offload_all", horizon=4)])
+    check("no offload completes", none["status"] == "ok", none.get("error"))
+    check("the run is in virtual time", none["virtual_time"] is True, "cudasim reports no virtual time")
+    peak = none["peak_device_bytes"]
+    check("no offload moves nothing", none["bytes_d2h"] == 0 and none["bytes_h2d"] == 0,
+          f"{none['bytes_d2h']} B out, {none['bytes_h2d']} B in")
+    check("the runner's live bytes are the workload's", none["peak_live_bytes"] == w.live_bytes()[0],
+          f"{none['peak_live_bytes']} != {w.live_bytes()[0]}")
+
+    # Above the peak: the soft limit (90% of the limit) above the peak too (scenarios' 112%).
+    above = scenarios._granules(1.12 * peak)
+    half = scenarios._granules(peak / 2)
+    r_above, r_default, r_half, r_half2 = runner.run_many(w, [
+        dict(base, policy="vramswap", limit_bytes=above, horizon=4),
+        dict(base, policy="vramswap", limit_bytes=half, horizon=4),
+        dict(base, policy="vramswap", limit_bytes=half, horizon=4, soft_limit="95%"),
+        dict(base, policy="vramswap", limit_bytes=half, horizon=4, soft_limit="95%")])
+    check("limit 50%, default soft limit: completes within the limit",
+          r_default["status"] == "ok" and r_default["peak_device_bytes"] <= half,
+          f"status {r_default['status']}, peak {r_default['peak_device_bytes']} B, limit {half} B")
+    moved = r_above["bytes_d2h"] + r_above["bytes_h2d"]
+    check(f"limit above the peak ({report.fmt_bytes(above)} > {report.fmt_bytes(peak)}) moves 0 bytes",
+          r_above["status"] == "ok" and moved == 0,
+          f"status {r_above['status']}, {r_above['bytes_d2h']} B out, {r_above['bytes_h2d']} B in, "
+          f"{r_above['num_evictions']} evictions")
+    check("limit above the peak: step time equals no offload's",
+          r_above["status"] == "ok" and r_above["step_time_ns"] == none["step_time_ns"],
+          f"{r_above['step_time_ns']} ns vs {none['step_time_ns']} ns")
+
+    check("limit 50% (soft 95%) completes", r_half["status"] == "ok", r_half.get("error"))
+    if r_half["status"] == "ok":
+        ratio = r_half["step_time_ns"] / r_half["ideal_ns"]
+        check(f"limit 50% (soft 95%): step <= 1.05 x ideal ({ratio:.3f})", ratio <= 1.05,
+              f"step {r_half['step_time_ns']} ns, ideal {r_half['ideal_ns']} ns, stall {r_half['stall_ns']} ns, "
+              f"faults {r_half['num_faults']}, late prefetches {r_half['num_late_prefetches']}")
+        check("limit 50% (soft 95%): peak device memory within the limit", r_half["peak_device_bytes"] <= half,
+              f"{r_half['peak_device_bytes']} > {half}")
+        ours = r_half["bytes_d2h"] + r_half["bytes_h2d"]
+        theirs = offload_all["bytes_d2h"] + offload_all["bytes_h2d"]
+        check(f"limit 50% (soft 95%): >= 1.5x less PCIe traffic than offload_all ({theirs / max(ours, 1):.2f}x)",
+              ours > 0 and 1.5 * ours <= theirs, f"vramswap {ours} B, offload_all {theirs} B")
+    check("the same run twice gives the same numbers", numbers(r_half) == numbers(r_half2),
+          ", ".join(f"{k}: {r_half.get(k)} vs {r_half2.get(k)}" for k in r_half
+                    if k not in ("wall_s", "stderr_tail", "timeline", "series") and r_half.get(k) != r_half2.get(k)))
+
+    # Out of memory under no offload on a card smaller than the peak: a result, not a crash.
+    small = max(64 << 20, scenarios._granules(peak * 0.6))
+    oom = runner.run(w, "none", small, PCIE)
+    check("no offload on a smaller card reports an out-of-memory at an op",
+          oom["status"] == "oom" and isinstance(oom["error_op"], int) and "out of memory" in (oom["error"] or ""),
+          f"status {oom['status']}, op {oom['error_op']}, error {oom['error']!r}")
+
+    # The report's files: the Chrome trace parses, with complete events.
+    with tempfile.TemporaryDirectory() as d:
+        written = report.write(d, "gpt-test", [none, offload_all, r_half], card_bytes=CARD)
+        names = {p.name for p in written}
+        check("report writes the table, plots, trace and JSON",
+              {"results.json", "table.txt", "memory.svg", "timeline.svg", "trace.json"} <= names, sorted(names))
+        try:
+            trace = json.loads((Path(d) / "trace.json").read_text())
+            events = trace["traceEvents"]
+            x = [e for e in events if e.get("ph") == "X"]
+            good = bool(x) and all(isinstance(e["ts"], (int, float)) and e["dur"] >= 0 and "pid" in e and "tid" in e
+                                   for e in x)
+            kinds = {e["cat"] for e in x}
+            check("the Chrome trace is JSON with complete events on the engines",
+                  good and {"kernel", "h2d", "d2h"} <= kinds, f"{len(x)} X events, categories {sorted(kinds)}")
+        except (OSError, ValueError, KeyError) as e:
+            check("the Chrome trace is JSON with complete events on the engines", False, repr(e))
+        svg = (Path(d) / "memory.svg").read_text()
+        check("the memory plot is SVG with the limit drawn", svg.startswith("<svg") and "stroke-dasharray" in svg)
+
+    # replay --json of MAGMA27.
+    trace_file = scenarios.magma27_path()
+    if trace_file is None:
+        skip("replay --json of MAGMA27", f"{scenarios.MAGMA27_FILE} is not in {scenarios.traces_dir()}")
+    else:
+        p = cli("replay", str(trace_file), "--json")
+        try:
+            obj = json.loads(p.stdout)
+            keys = {"peak_live_bytes", "final_live_bytes", "peak_device_bytes", "bytes_d2h", "bytes_h2d",
+                    "step_time_s", "ideal_time_s"}
+            check("replay --json prints one object with the promised keys", keys <= set(obj),
+                  f"missing {sorted(keys - set(obj))}")
+            check(f"replay of MAGMA27: peak live {MAGMA27_PEAK_LIVE:,} B", obj.get("peak_live_bytes") == MAGMA27_PEAK_LIVE,
+                  f"got {obj.get('peak_live_bytes')}")
+        except ValueError:
+            check("replay --json prints one object", False, f"rc {p.returncode}, stdout {p.stdout[:300]!r}, "
+                                                             f"stderr {p.stderr[-500:]!r}")
+
+    # The command line: no torch, and usage errors.
+    probe = ("import runpy, sys; sys.argv = ['vramswap', 'bench', '--list']; "
+             "import vramswap.__main__ as m; rc = m.main(sys.argv[1:]); "
+             "print('TORCH' if 'torch' in sys.modules else 'NOTORCH'); sys.exit(rc)")
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(PYDIR)), timeout=60)
+    check("`vramswap bench` imports no torch", p.returncode == 0 and "NOTORCH" in p.stdout,
+          f"rc {p.returncode}, {p.stdout[-200:]!r} {p.stderr[-300:]!r}")
+    p = cli("bench", "--workers", "zero")
+    check("bench: a bad argument is a usage error naming it",
+          p.returncode == 2 and "--workers" in p.stderr, f"rc {p.returncode}, {p.stderr[-300:]!r}")
+    p = cli("replay", str(REPO / "README.md"), "--limit", "lots")
+    check("replay: a bad --limit is a usage error naming it",
+          p.returncode == 2 and "--limit" in p.stderr, f"rc {p.returncode}, {p.stderr[-300:]!r}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except runner.RunError as e:
+        check("the runs complete", False, str(e))
+    print(f"FAILED: {len(failures)} check(s): {', '.join(failures)}" if failures else "PASSED")
+    sys.exit(1 if failures else 0)
