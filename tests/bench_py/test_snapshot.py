@@ -207,6 +207,85 @@ def test_synthetic():
           "a device without events is an error naming the file")
 
 
+MOD = "torch/nn/modules/module.py"
+
+
+def in_block(line, model_line=10):
+    """Frames of an allocation at `line` of Block.forward, called from `model_line` of
+    Model.forward (the layer loop), each module call inside _call_impl."""
+    return [py("forward", "model.py", line), py("_call_impl", MOD),
+            py("forward", "model.py", model_line), py("_call_impl", MOD),
+            py("<module>", "train.py")]
+
+
+def blocks_snapshot():
+    """Two layers of one Block class called from the same line (a loop), then a head module
+    from another line, a tensor of the model's own code, and a module-level loss."""
+    head = [py("forward", "model.py", 30), py("_call_impl", MOD),
+            py("forward", "model.py", 11), py("_call_impl", MOD), py("<module>", "train.py")]
+    model_own = [py("forward", "model.py", 12), py("_call_impl", MOD), py("<module>", "train.py")]
+    events = [
+        ev("alloc", 0x100, 10, in_block(20)),   # tid 0: layer 0, inside
+        ev("alloc", 0x200, 10, in_block(21)),   # tid 1: layer 0, its last line: the output
+        ev("alloc", 0x300, 10, in_block(20)),   # tid 2: layer 1 (line falls back to 20)
+        ev("alloc", 0x400, 10, in_block(21)),   # tid 3: layer 1's output
+        ev("alloc", 0x500, 10, head),           # tid 4: the head, the last call (its output)
+        ev("alloc", 0x600, 10, model_own),      # tid 5: the model's own code: in no call
+        ev("alloc", 0x700, 4, CE),              # tid 6: the loss, outlives backward
+    ] + [ev("free_completed", a, 10, BWD) for a in (0x600, 0x500, 0x400, 0x300, 0x200, 0x100)]
+    return {"segments": [], "device_traces": [events], "allocator_settings": {},
+            "external_annotations": []}
+
+
+def forward_part(w):
+    return w.ops[:w.ops.index(("phase", "backward"))]
+
+
+def test_cold_points():
+    data = blocks_snapshot()
+    w = snapshot.load("blocks.pickle", compute="none", snapshot=data).validate()
+    expected = [
+        ("phase", "forward"),
+        ("alloc", 0, 10), ("save", 0), ("alloc", 1, 10), ("save", 1),
+        ("cold", 0),                                  # layer 0 returned; its output held
+        ("alloc", 2, 10), ("save", 2), ("alloc", 3, 10), ("save", 3),
+        ("cold", 1), ("cold", 2),                     # layer 1 returned: layer 0's output too
+        ("alloc", 4, 10), ("save", 4),
+        ("cold", 3),                                  # the head returned: layer 1's output
+        ("alloc", 5, 10), ("save", 5), ("alloc", 6, 4),
+        ("cold", 4), ("cold", 5),                     # no call after the head; model code
+    ]
+    check(forward_part(w) == expected,
+          "block_exit: cold at the block call's exit, the block's output one call later, "
+          "the last call's output and the model's own tensors at the end of forward")
+    if forward_part(w) != expected:
+        print("     got", forward_part(w))
+    c = w.meta["cold"]
+    check(c["mode"] == "block_exit" and c["block_depth"] == 1 and c["block_calls"] == 3
+          and c["before_end_of_forward"] == 4 and c["bytes_before_end_of_forward"] == 40,
+          f"block_exit meta: depth 1, 3 calls, 4 tensors cold early ({c})")
+    w2 = snapshot.load("blocks.pickle", compute="none", snapshot=data,
+                       cold="next_block_exit").validate()
+    check(forward_part(w2)[:11] == expected[:5] + expected[6:10] + [("cold", 0), ("cold", 1)]
+          and w2.meta["cold"]["before_end_of_forward"] == 4,
+          "next_block_exit: every tensor of a layer held until the next call returns")
+    old = snapshot.load("blocks.pickle", compute="none", snapshot=data,
+                        cold="end_of_forward").validate()
+    fwd = forward_part(old)
+    check(fwd[-6:] == [("cold", t) for t in range(6)] and old.meta["cold"]["block_depth"] is None,
+          "end_of_forward: every saved tensor cold at the end of forward, as before")
+    check([op for op in old.ops if op[0] != "cold"] == [op for op in w.ops if op[0] != "cold"],
+          "the cold rule moves only cold ops")
+    check(raises(lambda: snapshot.load("blocks.pickle", snapshot=data, cold="early"),
+                 ValueError, "early", "block_exit"),
+          "an unknown cold rule is a ValueError naming the known ones")
+    # One module call only (no blocks to tell apart): the end of forward, as before.
+    w3 = snapshot.load("synthetic.pickle", compute="none", snapshot=synthetic(False))
+    check(w3.meta["cold"]["block_depth"] is None
+          and w3.meta["cold"]["before_end_of_forward"] == 0,
+          "a forward of one module call has no blocks: cold at the end of forward")
+
+
 # ---- the shipped traces -------------------------------------------------------------------
 
 def traces_dir():
@@ -217,8 +296,37 @@ def traces_dir():
     return None
 
 
+def check_cold(name, w, old, min_share):
+    """The block_exit cold points of a shipped trace against the end_of_forward ones."""
+    cold_at, save_at = {}, {}
+    for j, op in enumerate(w.ops):
+        if op[0] == "cold":
+            cold_at[op[1]] = j
+        elif op[0] == "save":
+            save_at[op[1]] = j
+    old_cold = {op[1] for op in old.ops if op[0] == "cold"}
+    check(set(cold_at) == old_cold == set(save_at)
+          and [op for op in old.ops if op[0] != "cold"] == [op for op in w.ops if op[0] != "cold"],
+          f"{name}: the same saved tensors go cold under both rules; only cold ops move")
+    end = w.meta["marks"]["backward"]
+    # The end of forward (where end_of_forward puts every cold): after the forward's last op
+    # other than a cold, before backward's phase op.
+    end_cold = max(j for j, op in enumerate(w.ops[:end]) if op[0] != "cold")
+    check(all(save_at[t] < j < end for t, j in cold_at.items()),
+          f"{name}: every cold after its save and before backward")
+    early = sum(1 for j in cold_at.values() if j < end_cold)
+    share = early / len(cold_at)
+    check(share >= min_share and early == w.meta["cold"]["before_end_of_forward"],
+          f"{name}: {early} of {len(cold_at)} saved tensors ({share:.1%}) cold before the end "
+          f"of forward (>= {min_share:.0%})")
+
+
 def test_magma(d):
     w = snapshot.load(d / MAGMA).validate()
+    old = snapshot.load(d / MAGMA, cold="end_of_forward").validate()
+    check_cold("MAGMA27", w, old, 0.95)
+    check(w.meta["cold"]["block_depth"] == 1 and w.meta["cold"]["block_calls"] == 15,
+          "MAGMA27: 15 block calls at depth 1 (embedding, 12 layers, ln_final, lm_head)")
     m = w.meta
     peak, peak_op = snapshot.peak_increment(w)
     check(peak == MAGMA_PEAK_INCREMENT,
@@ -258,6 +366,8 @@ def test_wedsonlin(d):
             continue
         data = snapshot.read(path)
         w = snapshot.load(path, snapshot=data).validate()
+        old = snapshot.load(path, snapshot=data, cold="end_of_forward").validate()
+        check_cold(f"Wedsonlin s={s}", w, old, 0.95)
         m = w.meta
         peak, _ = snapshot.peak_increment(w)
         check(round(peak / 1e9, 3) == gb, f"Wedsonlin s={s} peak increment "
@@ -292,6 +402,41 @@ def saved_are_released(data, w):
     return saved == released and len(saved) > 0
 
 
+def test_replay(d):
+    """MAGMA27 under vramswap at 50% of its no-offload peak (cudasim, virtual time): it
+    completes with block_exit cold points, and runs out of memory in the forward with
+    end_of_forward ones (nothing is evictable before the forward ends)."""
+    try:
+        from vramswap import _lib
+        from vramswap.bench import runner, scenarios
+    except ImportError as e:
+        check(False, f"vramswap.bench.runner imports ({e})")
+        return
+    if not _lib.library_path().is_file():
+        print(f"skipped: the replay of MAGMA27 (no {_lib.library_path()}; build the project "
+              "or set VRAMSWAP_LIBRARY)")
+        return
+    data = snapshot.read(d / MAGMA)
+    w = snapshot.load(d / MAGMA, snapshot=data)
+    old = snapshot.load(d / MAGMA, snapshot=data, cold="end_of_forward")
+    base = dict(card_bytes=80 << 30, pcie_gbps=55.0)
+    none = runner.run_many(w, [dict(base, policy="none")])[0]
+    check(none["status"] == "ok", f"MAGMA27 replays without offload ({none.get('error')})")
+    if none["status"] != "ok":
+        return
+    half = none["peak_device_bytes"] // 2 // scenarios.GRANULE * scenarios.GRANULE
+    r, r_old = (runner.run_many(x, [dict(base, policy="vramswap", limit_bytes=half, horizon=4)])[0]
+                for x in (w, old))
+    check(r["status"] == "ok" and r["peak_device_bytes"] <= half,
+          f"MAGMA27 at 50% of its no-offload peak ({half:,} B) completes under vramswap: "
+          f"status {r['status']} {r.get('error') or ''}, peak {r['peak_device_bytes']:,} B, "
+          f"{r['bytes_d2h']:,} B out, {r['bytes_h2d']:,} B in, "
+          f"step {r['step_time_ns']} ns, ideal {r['ideal_ns']} ns")
+    check(r_old["status"] == "oom" and r_old["error_op"] < old.meta["marks"]["backward"],
+          f"with end_of_forward cold points the same run runs out of memory in the forward "
+          f"(status {r_old['status']} at op {r_old['error_op']})")
+
+
 def test_cli(d):
     env = dict(os.environ, PYTHONPATH=str(REPO / "plugin" / "python"))
     r = subprocess.run([sys.executable, "-m", "vramswap.bench.snapshot", str(d / MAGMA)],
@@ -307,6 +452,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_refusal(Path(tmp))
     test_synthetic()
+    test_cold_points()
     d = traces_dir()
     if d is None:
         print("skipped: the real snapshots (no "
@@ -314,6 +460,7 @@ def main():
     else:
         test_magma(d)
         test_wedsonlin(d)
+        test_replay(d)
         test_cli(d)
     if failures:
         print(f"{len(failures)} check(s) failed")
