@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/cuda_test_util.h"
+#include "engine_test_util.h"
 #include "pool/device_pool.h"
 #include "pool/pool_test_util.h"
 #include "residency/engine.h"
@@ -67,23 +68,14 @@ cudaError_t CUDARTAPI cudaStreamCreateWithPriority(cudaStream_t* stream, unsigne
 
 namespace {
 
+using namespace engine_test;
 using pool_test::LetGoLater;
 using pool_test::StreamGate;
-using vramswap::pool::DevicePool;
-using vramswap::pool::PoolOptions;
-using vramswap::residency::Engine;
-using vramswap::residency::EngineOptions;
-using vramswap::residency::EngineStats;
 
-constexpr size_t kMiB = size_t{1} << 20;
-constexpr size_t kBlock = 4 * kMiB;  // two granules
-
-class ReclaimTest : public ::testing::Test {
+class ReclaimTest : public engine_test::EngineFixture {
  protected:
-  // A pool limited to `limit` bytes and its engine; h2d_ is the engine's fetch stream.
-  void start(uint64_t limit, EngineOptions options) {
-    options.host_limit_bytes = 512 * kMiB;
-    pool_ = std::make_unique<DevicePool>(PoolOptions{0, limit});
+  // Records the streams the engine creates, to find h2d_: its fetch stream.
+  void make_engine(const EngineOptions& options) override {
     CreatedStreams& c = created_streams();
     {
       std::lock_guard lock(c.mu);
@@ -91,62 +83,17 @@ class ReclaimTest : public ::testing::Test {
       c.recording = true;
     }
     engine_ = std::make_unique<Engine>(*pool_, options);
-    {
-      std::lock_guard lock(c.mu);
-      c.recording = false;
-      // The copy stream with the greatest priority (the lowest number) is the H2D one.
-      for (auto& [s, priority] : c.streams) {
-        if (h2d_ == nullptr || priority < h2d_priority_) {
-          h2d_ = s;
-          h2d_priority_ = priority;
-        }
+    std::lock_guard lock(c.mu);
+    c.recording = false;
+    // The copy stream with the greatest priority (the lowest number) is the H2D one.
+    for (auto& [s, priority] : c.streams) {
+      if (h2d_ == nullptr || priority < h2d_priority_) {
+        h2d_ = s;
+        h2d_priority_ = priority;
       }
     }
-    ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  }
-  void TearDown() override {
-    if (stream_) cudaStreamSynchronize(stream_);
-    engine_.reset();
-    pool_.reset();
-    if (stream_) cudaStreamDestroy(stream_);
   }
 
-  // A tagged block filled with `seed`'s pattern by a copy on the compute stream; nullptr
-  // (a failure recorded, with the engine's report) when it found no room.
-  void* tagged(uint8_t seed, size_t size = kBlock) {
-    std::string error;
-    void* p = engine_->allocate_tagged(size, stream_, &error);
-    EXPECT_NE(nullptr, p) << error;
-    if (!p) return nullptr;
-    std::vector<uint8_t> pattern(size);
-    for (size_t i = 0; i < size; ++i) pattern[i] = uint8_t(seed + i * 7);
-    EXPECT_EQ(cudaSuccess, cudaMemcpyAsync(p, pattern.data(), size, cudaMemcpyHostToDevice, stream_));
-    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream_));
-    return p;
-  }
-  // Reads the block back on the compute stream (after an unpack) and checks the pattern.
-  ::testing::AssertionResult holds(void* p, uint8_t seed, size_t size = kBlock) {
-    std::vector<uint8_t> back(size);
-    if (cudaMemcpyAsync(back.data(), p, size, cudaMemcpyDeviceToHost, stream_) != cudaSuccess ||
-        cudaStreamSynchronize(stream_) != cudaSuccess)
-      return ::testing::AssertionFailure() << "the copy back failed";
-    for (size_t i = 0; i < size; ++i)
-      if (back[i] != uint8_t(seed + i * 7))
-        return ::testing::AssertionFailure() << "byte " << i << " is " << int(back[i]) << ", expected "
-                                             << int(uint8_t(seed + i * 7));
-    return ::testing::AssertionSuccess();
-  }
-  uint64_t pack_cold(void* p) {
-    uint64_t h = engine_->pack(p, stream_);
-    EXPECT_NE(0u, h);
-    EXPECT_TRUE(engine_->mark_cold(h, stream_).ok);
-    return h;
-  }
-  EngineStats stats() { return engine_->stats(); }
-
-  std::unique_ptr<DevicePool> pool_;
-  std::unique_ptr<Engine> engine_;
-  cudaStream_t stream_ = nullptr;
   cudaStream_t h2d_ = nullptr;
   int h2d_priority_ = 0;
 };
