@@ -128,6 +128,22 @@ def main():
           ", ".join(f"{k}: {r_half.get(k)} vs {r_half2.get(k)}" for k in r_half
                     if k not in ("wall_s", "stderr_tail", "timeline", "series") and r_half.get(k) != r_half2.get(k)))
 
+    # Warm-up steps (runner's Note [Warm-up steps]): the step repeats, the last one is measured.
+    w_none, w_half = runner.run_many(w, [dict(base, policy="none", warmup=1),
+                                         dict(base, policy="vramswap", limit_bytes=half, horizon=4, warmup=1)])
+    check("warm-up: a closed step runs twice and the second is measured",
+          w_none["status"] == "ok" and w_none["warmup_steps"] == 1 and w_none["bytes_d2h"] == 0
+          and abs(w_none["step_time_ns"] - none["step_time_ns"]) <= 0.01 * none["step_time_ns"]
+          # one step's compute, not two (the ops before the step's inputs, such as
+          # zero_grad in the generator's setup, are not repeated or measured)
+          and abs(w_none["compute_ns"] - none["compute_ns"]) <= 0.01 * none["compute_ns"],
+          f"status {w_none['status']}, warm-up steps {w_none['warmup_steps']}, step {w_none['step_time_ns']} ns "
+          f"vs {none['step_time_ns']} ns, compute {w_none['compute_ns']} vs {none['compute_ns']}")
+    check("warm-up: the measured step's counters are its own",
+          w_half["status"] == "ok" and 0 < w_half["num_evictions"] <= r_default["num_evictions"] * 1.5
+          and w_half["peak_device_bytes"] <= half,
+          f"status {w_half['status']}, evictions {w_half['num_evictions']} (one step: {r_default['num_evictions']})")
+
     # Out of memory under no offload on a card smaller than the peak: a result, not a crash.
     small = max(64 << 20, scenarios._granules(peak * 0.6))
     oom = runner.run(w, "none", small, PCIE)

@@ -144,7 +144,7 @@ class RunError(RuntimeError):
 
 def _spec(policy, card_bytes, pcie_gbps, limit_bytes=None, horizon=4, soft_limit=None,
           duplex="full", hbm_gbps=None, min_offload_bytes=None, host_limit_bytes=None,
-          record=True, label=None):
+          record=True, label=None, warmup=0):
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     if duplex not in DUPLEX:
@@ -157,6 +157,8 @@ def _spec(policy, card_bytes, pcie_gbps, limit_bytes=None, horizon=4, soft_limit
         raise ValueError(f"horizon must be a non-negative integer, not {horizon!r}")
     if limit_bytes is not None and int(limit_bytes) <= 0:
         raise ValueError(f"limit_bytes must be positive, not {limit_bytes!r}")
+    if warmup is None or int(warmup) < 0:
+        raise ValueError(f"warmup must be a non-negative integer, not {warmup!r}")
     return {
         "policy": policy, "card_bytes": int(card_bytes), "pcie_gbps": float(pcie_gbps),
         "limit_bytes": None if limit_bytes is None else int(limit_bytes),
@@ -164,7 +166,7 @@ def _spec(policy, card_bytes, pcie_gbps, limit_bytes=None, horizon=4, soft_limit
         "hbm_gbps": hbm_gbps, "min_offload_bytes": min_offload_bytes,
         # Unbacked pinned memory costs nothing; the tier must never be what stops a run.
         "host_limit_bytes": int(host_limit_bytes or max(4 * int(card_bytes), 64 * GiB)),
-        "record": bool(record), "label": label,
+        "record": bool(record), "label": label, "warmup": int(warmup),
     }
 
 
@@ -305,7 +307,8 @@ def run(workload, policy, card_bytes, pcie_gbps, timeout_s=600, **options):
     under it, the others run out of memory at it), horizon (VRAMSWAP_HORIZON; offload_all's
     prefetch depth), soft_limit (VRAMSWAP_SOFT_LIMIT, a size or a percentage), duplex
     ("full" or "shared"), hbm_gbps, min_offload_bytes, host_limit_bytes, record (keep the
-    timeline and the memory series), label. Raises ValueError for a bad argument, RunError
+    timeline and the memory series), label, warmup (steps run before the measured one: see
+    Note [Warm-up steps]). Raises ValueError for a bad argument, RunError
     when the child fails."""
     spec = dict(options, policy=policy, card_bytes=card_bytes, pcie_gbps=pcie_gbps)
     return run_many(workload, [spec], workers=1, timeout_s=timeout_s)[0]
@@ -461,12 +464,90 @@ class _Interpreter:
         cu.check(cu.drv.cudasim_reset_counters(0), "cudasim_reset_counters")
         cu.drv.cudasim_timeline_clear()
         self.start_ns = cu.now()
+        self.stats0 = {}
         kernel = cu.drv.cudasim_kernel
         malloc, free = vs.vramswap_malloc, vs.vramswap_free
         saved_ops = {"save", "cold", "use", "release"}
         offload_all = self.policy == "offload_all"
         track = self.record
-        for i, op in enumerate(self.ops):
+        segments, measured = self._segments()
+        for n, (first, last) in enumerate(segments):
+            if n == measured and n > 0:
+                self._begin_measurement()
+            if not self._run_segment(first, last, kernel, malloc, free, saved_ops, offload_all, track):
+                break
+        if self.in_forward:
+            vs.vramswap_scope_pop()
+        if offload_all and self.status == "ok":
+            self._reap_originals(everything=True)
+        cu.check(cu.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        self.end_ns = cu.now()
+
+    # Note [Warm-up steps]
+    # --------------------
+    # A training loop runs the same step again and again, and measures a step after the
+    # first (the allocator's cache warm, and a policy may learn from the steps before). With
+    # warmup = W, the step
+    # (the ops from the first forward phase on, with the allocations of its inputs just
+    # before it) runs W times first, then once more measured: the device is synchronized (as
+    # a loop that reads its loss does), cudasim's counters and timeline and vramswap's peaks
+    # are reset, and every figure of the result is the last step's. Only a step that frees
+    # everything it allocates, and frees nothing allocated before it, can be repeated;
+    # otherwise the run has no warm-up ("warmup_steps": 0), as for snapshot replays whose
+    # carried-in tensors the step frees.
+    def _segments(self):
+        """-> ([(first, last)], index of the measured segment)."""
+        whole = [(0, len(self.ops))]
+        warmup = int(self.spec.get("warmup") or 0)
+        self.warmup_steps = 0
+        if warmup == 0:
+            return whole, 0
+        start = next((i for i, op in enumerate(self.ops) if op[0] == "phase" and op[1] == "forward"), None)
+        if start is None:
+            return whole, 0
+        freed = {op[1] for op in self.ops[start:] if op[0] == "free"}
+        while start > 0 and self.ops[start - 1][0] == "alloc" and self.ops[start - 1][1] in freed:
+            start -= 1
+        before = {op[1] for op in self.ops[:start] if op[0] == "alloc"}
+        inside = set()
+        for op in self.ops[start:]:
+            if op[0] == "alloc":
+                inside.add(op[1])
+            elif op[0] == "free":
+                if op[1] in before:
+                    return whole, 0
+                inside.discard(op[1])
+        if inside:
+            return whole, 0
+        self.warmup_steps = warmup
+        step = (start, len(self.ops))
+        return [(0, start)] + [step] * (warmup + 1), warmup + 1
+
+    def _begin_measurement(self):
+        cu = self.cu
+        if self.policy == "offload_all":
+            self._reap_originals(everything=True)
+        cu.check(cu.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        self._drain()
+        cu.check(cu.drv.cudasim_reset_counters(0), "cudasim_reset_counters")
+        cu.drv.cudasim_timeline_clear()
+        self.vs.vramswap_reset_peak_stats()
+        self.stats0 = _stats_json(self.vs)
+        self.start_ns = cu.now()
+        self.kernels = 0
+        self.phases = []
+        self.series = []
+        self.entries = []
+        self.tail_ns = 0
+        self.peak_live = self.live
+        self.peak_host = self.host_live
+        self.counts = {"packs": 0, "untagged_saves": 0}
+
+    def _run_segment(self, first, last, kernel, malloc, free, saved_ops, offload_all, track):
+        """Runs ops[first:last]; False when the run ended (out of memory)."""
+        cu, s = self.cu, self.compute
+        for i in range(first, last):
+            op = self.ops[i]
             kind = op[0]
             if kind == "compute":
                 rc = kernel(s, op[1], op[2].encode()[:47])
@@ -479,7 +560,7 @@ class _Interpreter:
                 p = malloc(n, 0, s) if not offload_all else self._malloc(n)
                 if not p:
                     self._oom(i, f"alloc of tensor {tid} ({n} bytes)")
-                    break
+                    return False
                 self.ptr[tid] = p
                 self.size[tid] = n
                 self.live += n
@@ -512,18 +593,13 @@ class _Interpreter:
                 else:
                     continue
                 if not ok:
-                    break
+                    return False
             else:
                 raise RunError(f"op {i}: unknown kind {kind!r}")
             if track:
                 c = cu.counters()
                 self.series.append((self.kernels, self.live, c.mapped_bytes, c.physical_bytes))
-        if self.in_forward:
-            vs.vramswap_scope_pop()
-        if offload_all and self.status == "ok":
-            self._reap_originals(everything=True)
-        cu.check(cu.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
-        self.end_ns = cu.now()
+        return True
 
     def _oom(self, i, what):
         self.status = "oom"
@@ -790,10 +866,11 @@ class _Interpreter:
             "stall_ns": sum(e[6] for e in kernels),
             "ideal_ns": ideal,
             "phases": phases,
-            "num_evictions": stats.get("num_evictions", 0),
-            "num_prefetches": stats.get("num_prefetches", 0),
-            "num_faults": stats.get("num_faults", 0),
-            "num_late_prefetches": stats.get("num_late_prefetches", 0),
+            "num_evictions": stats.get("num_evictions", 0) - self.stats0.get("num_evictions", 0),
+            "num_prefetches": stats.get("num_prefetches", 0) - self.stats0.get("num_prefetches", 0),
+            "num_faults": stats.get("num_faults", 0) - self.stats0.get("num_faults", 0),
+            "num_late_prefetches": stats.get("num_late_prefetches", 0) - self.stats0.get("num_late_prefetches", 0),
+            "warmup_steps": self.warmup_steps,
             "tagged_waste_bytes": stats.get("tagged_waste_bytes", 0),
             "peak_host_bytes": (stats.get("peak_host_bytes", 0) if self.policy == "vramswap" else self.peak_host),
             "packs": self.counts["packs"],
