@@ -127,8 +127,20 @@ def bench_parser():
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     p.add_argument("--quick", action="store_true", help="vramswap only at 50%% of the peak, horizon 4 (and above the peak)")
     p.add_argument("--workers", type=_workers, default=2, help="child processes run at once (default 2)")
+    p.add_argument("--warmup", type=_warmup, default=0,
+                   help="steps run before the measured one (default 0: the first step is measured)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     return p
+
+
+def _warmup(text):
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 16:
+        raise argparse.ArgumentTypeError(f"--warmup {text!r}: expected an integer from 0 to 16")
+    return n
 
 
 def bench(argv):
@@ -168,7 +180,7 @@ def bench(argv):
         say(f"{n}: running ({sc.description})")
         try:
             sr = scenarios.run_scenario(sc, quick=args.quick, workers=args.workers, record=base is not None,
-                                        progress=say)
+                                        progress=say, warmup=args.warmup)
         except runner.RunError as e:
             print(f"vramswap bench: {n}: {e}", file=sys.stderr)
             return 1
@@ -187,12 +199,12 @@ def bench(argv):
         print(json.dumps({"clock": "cudasim virtual time", "scenarios": out_json, "skipped": skipped}, indent=1))
     if base is not None:
         if args.results:
-            _write_results_readme(done, skipped, argv)
+            _write_results_readme(done, skipped, argv, args.warmup)
         print(f"plots, traces and JSON: {base}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
-def _write_results_readme(done, skipped, argv):
+def _write_results_readme(done, skipped, argv, warmup=0):
     """bench/results/README.md: the command, the date, the tables and links to the plots."""
     lines = [
         "# vramswap memory-pressure benchmark: results",
@@ -209,6 +221,10 @@ def _write_results_readme(done, skipped, argv):
         "them, copies take bytes / PCIe rate on one copy engine per direction, and the host clock "
         "moves only when the host waits. No real GPU ran any of it; the times are a model of the "
         "card named in each section, not a measurement of one.",
+        "",
+        ("Each run measures the first training step (the allocator's cache cold, nothing learned "
+         "from an earlier step); `--warmup N` measures the step after N others."
+         if not warmup else f"Each run measures the step after {warmup} warm-up step(s) (`--warmup {warmup}`)."),
         "",
         "Policies: **none** (vramswap's pool with no offload), **offload_all** (every saved tensor "
         "copied to pinned host memory at save and back at use on copy streams of its own, as "

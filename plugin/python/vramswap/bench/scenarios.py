@@ -199,14 +199,14 @@ def plan(sc, reference_peak, quick=False):
     return runs
 
 
-def run_scenario(sc, quick=False, workers=2, record=True, progress=None, timeout_s=600):
+def run_scenario(sc, quick=False, workers=2, record=True, progress=None, timeout_s=600, warmup=0):
     """Runs every policy of `sc` (quick: vramswap only at 50% with horizon 4, plus the limits
     above the peak) and returns a ScenarioResult with the results in table order. progress(msg)
     is called as runs end."""
     w = sc.workload()
     peak_live, final_live = w.live_bytes()
     base = dict(card_bytes=sc.card_bytes, pcie_gbps=sc.pcie_gbps, duplex=sc.duplex, hbm_gbps=sc.hbm_gbps,
-                record=record)
+                record=record, warmup=warmup)
     first = [dict(base, policy="none", label="none")]
     for h in sc.offload_all_horizons:
         first.append(dict(base, policy="offload_all", label="offload_all", horizon=h))
