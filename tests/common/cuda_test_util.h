@@ -1,9 +1,11 @@
 // Helpers every CUDA-runtime test of the project shares (tests/sim, tests/pool, ...):
-// assertion macros that print error names, polling waits that cannot hang a case, and
-// pinned host memory owned by the test.
+// assertion macros that print error names, polling waits that cannot hang a case, pinned
+// host memory owned by the test, and StreamGate, which holds streams until the case lets
+// them go.
 //
 // Thread safety: the functions are thread-safe; a PinnedBuffer is used by one thread
-// (its bytes may be written by a stream: read them with at()).
+// (its bytes may be written by a stream: read them with at()); a StreamGate may be opened
+// from any thread.
 #ifndef VRAMSWAP_TESTS_COMMON_CUDA_TEST_UTIL_H
 #define VRAMSWAP_TESTS_COMMON_CUDA_TEST_UTIL_H
 
@@ -11,7 +13,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <ostream>
 #include <thread>
 
@@ -81,6 +86,72 @@ class PinnedBuffer {
   void* ptr_ = nullptr;
   size_t size_;
   cudaError_t status_;
+};
+
+// Holds streams with host functions that block until open() is called (from any thread).
+// The state is shared with every queued host function, so a gate destroyed before its
+// function ran (after a failed assertion) leaves nothing dangling; it opens when destroyed,
+// so declare it after the memory its streams use. `hang_timeout`: how long wait_entered()
+// waits by default before it calls it a hang (each suite has its own).
+class StreamGate {
+ public:
+  explicit StreamGate(std::chrono::milliseconds hang_timeout)
+      : state_(std::make_shared<State>()), hang_timeout_(hang_timeout) {}
+  ~StreamGate() { open(); }
+  StreamGate(const StreamGate&) = delete;
+  StreamGate& operator=(const StreamGate&) = delete;
+
+  // Queues on `stream` a host function that blocks the stream until open().
+  cudaError_t hold(cudaStream_t stream) {
+    auto* ref = new std::shared_ptr<State>(state_);
+    const cudaError_t status = cudaLaunchHostFunc(stream, &StreamGate::run, ref);
+    if (status != cudaSuccess) delete ref;
+    return status;
+  }
+
+  // Lets every held stream (and every later hold) go on.
+  void open() {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->open = true;
+    state_->changed.notify_all();
+  }
+
+  bool is_open() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->open;
+  }
+
+  // Waits until `count` host functions of this gate have started; false on timeout.
+  bool wait_entered(int count = 1) { return wait_entered(count, hang_timeout_); }
+  bool wait_entered(int count, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    return state_->changed.wait_for(lock, timeout, [&] { return state_->entered >= count; });
+  }
+
+  int entered() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->entered;
+  }
+
+ private:
+  struct State {
+    mutable std::mutex mutex;
+    std::condition_variable changed;
+    bool open = false;
+    int entered = 0;
+  };
+
+  static void CUDART_CB run(void* user_data) {
+    std::unique_ptr<std::shared_ptr<State>> ref(static_cast<std::shared_ptr<State>*>(user_data));
+    State& state = **ref;
+    std::unique_lock<std::mutex> lock(state.mutex);
+    ++state.entered;
+    state.changed.notify_all();
+    state.changed.wait(lock, [&] { return state.open; });
+  }
+
+  std::shared_ptr<State> state_;
+  std::chrono::milliseconds hang_timeout_;
 };
 
 }  // namespace cuda_test

@@ -112,61 +112,10 @@ class Event {
   cudaError_t status_;
 };
 
-// Holds streams with host functions that block until open() is called. The state is
-// shared with every queued host function, so a gate destroyed before its function
-// ran (after a failed assertion) leaves nothing dangling.
-class StreamGate {
+// cuda_test::StreamGate (tests/common/cuda_test_util.h) with this suite's hang timeout.
+class StreamGate : public cuda_test::StreamGate {
  public:
-  StreamGate() : state_(std::make_shared<State>()) {}
-  ~StreamGate() { open(); }
-  StreamGate(const StreamGate&) = delete;
-  StreamGate& operator=(const StreamGate&) = delete;
-
-  // Queues on `stream` a host function that blocks the stream until open().
-  cudaError_t hold(cudaStream_t stream) {
-    auto* ref = new std::shared_ptr<State>(state_);
-    const cudaError_t status = cudaLaunchHostFunc(stream, &StreamGate::run, ref);
-    if (status != cudaSuccess) delete ref;
-    return status;
-  }
-
-  // Lets every held stream (and every later hold) go on.
-  void open() {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->open = true;
-    state_->changed.notify_all();
-  }
-
-  // Waits until `count` host functions of this gate have started; false on timeout.
-  bool wait_entered(int count = 1, std::chrono::milliseconds timeout = kHangTimeout) {
-    std::unique_lock<std::mutex> lock(state_->mutex);
-    return state_->changed.wait_for(lock, timeout,
-                                    [&] { return state_->entered >= count; });
-  }
-
-  int entered() const {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    return state_->entered;
-  }
-
- private:
-  struct State {
-    mutable std::mutex mutex;
-    std::condition_variable changed;
-    bool open = false;
-    int entered = 0;
-  };
-
-  static void CUDART_CB run(void* user_data) {
-    std::unique_ptr<std::shared_ptr<State>> ref(static_cast<std::shared_ptr<State>*>(user_data));
-    State& state = **ref;
-    std::unique_lock<std::mutex> lock(state.mutex);
-    ++state.entered;
-    state.changed.notify_all();
-    state.changed.wait(lock, [&] { return state.open; });
-  }
-
-  std::shared_ptr<State> state_;
+  StreamGate() : cuda_test::StreamGate(kHangTimeout) {}
 };
 
 // Opens a StreamGate if the test has not opened it within `timeout`, so that an
