@@ -139,8 +139,13 @@ class DevicePool::Impl {
   void unmap_unused();
   // Releases every spare page back to the driver.
   void release_spare();
-  // Checks pending events; blocks whose events all completed become free.
+  // Checks pending events: blocks whose events all completed become free, and promoted
+  // blocks (deallocate_to_any) whose event completed become free for any stream.
   void poll_pending();
+  // poll_pending() when a freed block waits for an event (the hot paths' cheap check).
+  void poll_if_waiting() {
+    if (!pending_.empty() || !promotions_.empty()) poll_pending();
+  }
   // Synchronizes the device (lock released) and then makes every block that was free under
   // a stream tag, or pending, when it started reusable by any stream. Events are not
   // recorded on the freeing streams now: they may have been destroyed since the free.
@@ -416,7 +421,7 @@ void DevicePool::Impl::drain_pending(std::unique_lock<std::mutex>& lock) {
 bool DevicePool::Impl::relieve(int step, uint64_t bytes, std::unique_lock<std::mutex>& lock) {
   switch (step) {
     case 1:
-      if (!pending_.empty() || !promotions_.empty()) poll_pending();
+      poll_if_waiting();
       flush_quick();
       break;
     case 2:
@@ -437,7 +442,7 @@ bool DevicePool::Impl::relieve(int step, uint64_t bytes, std::unique_lock<std::m
       const uint64_t freed = reclaim(bytes);
       lock.lock();
       if (freed == 0) return false;
-      if (!pending_.empty() || !promotions_.empty()) poll_pending();
+      poll_if_waiting();
       flush_quick();
       break;
     }
@@ -494,7 +499,7 @@ void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* 
     return nullptr;
   }
   const uint64_t rounded = round_up(size, kAlignment);
-  if (!pending_.empty() || !promotions_.empty()) poll_pending();
+  poll_if_waiting();
   if (quick_blocks_) {
     auto q = quick_.find({stream, rounded});
     if (q != quick_.end() && !q->second.empty()) {
@@ -523,7 +528,7 @@ void* DevicePool::Impl::allocate_own_span(size_t size, cudaStream_t stream, std:
     *error = oom_report(size, size, "the pool's address range");
     return nullptr;
   }
-  if (!pending_.empty() || !promotions_.empty()) poll_pending();
+  poll_if_waiting();
   flush_quick();
   return allocate_slow(size, round_up(size, granularity_), stream, true, lock, error);
 }
