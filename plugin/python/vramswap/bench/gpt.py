@@ -810,20 +810,17 @@ class _GPTStep(StepBuilder):
 
 def _saved_facts(workload, layer_prefix):
     """-> (forward saved bytes, one layer's forward saved bytes, saved bytes by phase)."""
-    sizes, phase = {}, "other"
-    fwd, layer, by_phase = 0, 0, {p: 0 for p in PHASES}
+    sizes, phase, layer = {}, "other", 0
     for op in workload.ops:
         if op[0] == "phase":
             phase = op[1]
         elif op[0] == "alloc":
             sizes[op[1]] = op[2]
-        elif op[0] == "save":
-            by_phase[phase] += sizes[op[1]]
-            if phase == "forward":
-                fwd += sizes[op[1]]
-                if op[1].startswith(layer_prefix) and ".rc." not in op[1]:
-                    layer += sizes[op[1]]
-    return fwd, layer, by_phase
+        elif (op[0] == "save" and phase == "forward" and op[1].startswith(layer_prefix)
+              and ".rc." not in op[1]):
+            layer += sizes[op[1]]
+    by_phase = workload.saved_bytes_by_phase()
+    return by_phase["forward"], layer, by_phase
 
 
 def generate(layers=12, hidden=768, heads=12, ffn=None, seq=1024, batch=8, dtype="bf16",

@@ -303,14 +303,7 @@ def generate(batch=128, dtype="fp32", tflops=kTitanXTflops, hbm_gbps=kTitanXGbps
     wl = step.build()
     params = sum(n for _, n in step.params)
     peak, final = wl.live_bytes()
-    sizes, saved_fwd, phase = {}, 0, "other"
-    for op in wl.ops:
-        if op[0] == "phase":
-            phase = op[1]
-        elif op[0] == "alloc":
-            sizes[op[1]] = op[2]
-        elif op[0] == "save" and phase == "forward":
-            saved_fwd += sizes[op[1]]
+    saved_fwd = wl.saved_bytes_by_phase()["forward"]
     wl.meta.update({
         "source": "vgg",
         "model": {"net": "vgg16", "batch": batch, "image": image, "classes": classes,

@@ -107,6 +107,20 @@ class Workload:
                 saved.add(op[1])
         return sum(sizes[t] for t in saved)
 
+    def saved_bytes_by_phase(self):
+        """phase -> bytes of the tensors saved for backward during it (each tensor is saved
+        once, so the phases' sums add up to saved_bytes())."""
+        sizes, phase = {}, "other"
+        by_phase = {p: 0 for p in PHASES}
+        for op in self.ops:
+            if op[0] == "phase":
+                phase = op[1]
+            elif op[0] == "alloc":
+                sizes[op[1]] = op[2]
+            elif op[0] == "save":
+                by_phase[phase] += sizes[op[1]]
+        return by_phase
+
     def validate(self):
         """Raises WorkloadError at the first op that breaks the rules; returns self."""
         state = {}  # tid -> "live" | "freed"
