@@ -118,6 +118,7 @@ class Engine::Impl {
   uint64_t handle_of(uint32_t slot) const {
     return (uint64_t(device_) << kDeviceShift) | (uint64_t(slot) << kSlotShift) | slots_[slot].generation;
   }
+  static uint32_t slot_of(uint64_t handle) { return uint32_t((handle >> kSlotShift) & kSlotMask); }
   void note_stream(cudaStream_t s) { streams_.insert(s); }
   bool any_capturing();
   bool evictable(uint32_t slot, const std::set<uint32_t>& window) const {
@@ -300,7 +301,7 @@ uint64_t Engine::Impl::pack(const void* ptr, cudaStream_t stream) {
 }
 
 Slot* Engine::Impl::resolve(uint64_t handle, const char* what, std::string* error) {
-  const uint32_t slot = uint32_t((handle >> kSlotShift) & kSlotMask);
+  const uint32_t slot = slot_of(handle);
   const uint32_t generation = uint32_t(handle);
   if (handle == 0) {
     *error = std::string(what) + ": handle 0 names no block (pack returned 0: the block is not offloadable)";
@@ -339,7 +340,7 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
   std::string error;
   Slot* s = resolve(handle, "unpack", &error);
   if (!s) return {false, error};
-  const uint32_t slot = uint32_t((handle >> kSlotShift) & kSlotMask);
+  const uint32_t slot = slot_of(handle);
   note_stream(stream);
   complete_copies(false);
   switch (s->residency) {
@@ -390,7 +391,7 @@ Status Engine::Impl::release(uint64_t handle) {
   std::string error;
   Slot* s = resolve(handle, "release", &error);
   if (!s) return {false, error};
-  const uint32_t slot = uint32_t((handle >> kSlotShift) & kSlotMask);
+  const uint32_t slot = slot_of(handle);
   if (s->packs > 1) {
     --s->packs;
     return {};
@@ -418,7 +419,7 @@ Status Engine::Impl::prefetch(uint64_t handle) {
   std::string error;
   Slot* s = resolve(handle, "prefetch", &error);
   if (!s) return {false, error};
-  const uint32_t slot = uint32_t((handle >> kSlotShift) & kSlotMask);
+  const uint32_t slot = slot_of(handle);
   complete_copies(false);
   if (s->residency == Residency::kEvicting) s->cancel = true;
   if (s->residency != Residency::kEvicted) return {};
