@@ -456,15 +456,10 @@ class _Interpreter:
     # -- the loop -------------------------------------------------------------------
     def execute(self):
         cu, vs = self.cu, self.vs
-        s = self.compute = cu.stream()
+        self.compute = cu.stream()
         if self.policy == "offload_all":
             self.d2h = cu.stream()
             self.h2d = cu.stream()
-        cu.check(cu.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
-        cu.check(cu.drv.cudasim_reset_counters(0), "cudasim_reset_counters")
-        cu.drv.cudasim_timeline_clear()
-        self.start_ns = cu.now()
-        self.stats0 = {}
         kernel = cu.drv.cudasim_kernel
         malloc, free = vs.vramswap_malloc, vs.vramswap_free
         saved_ops = {"save", "cold", "use", "release"}
@@ -472,7 +467,7 @@ class _Interpreter:
         track = self.record
         segments, measured = self._segments()
         for n, (first, last) in enumerate(segments):
-            if n == measured and n > 0:
+            if n == measured:
                 self._begin_measurement()
             if not self._run_segment(first, last, kernel, malloc, free, saved_ops, offload_all, track):
                 break
@@ -524,6 +519,8 @@ class _Interpreter:
         return [(0, start)] + [step] * (warmup + 1), warmup + 1
 
     def _begin_measurement(self):
+        """Starts measuring here: the device idle, cudasim's counters and timeline and
+        vramswap's peaks reset, its counters noted (the result reports their deltas)."""
         cu = self.cu
         if self.policy == "offload_all":
             self._reap_originals(everything=True)
