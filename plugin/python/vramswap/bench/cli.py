@@ -82,16 +82,17 @@ def _positive_float(text):
     return v
 
 
-def _horizon(text):
-    if not re.fullmatch(r"\d+", text) or int(text) > 1024:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer from 0 to 1024")
-    return int(text)
+def _int_in(low, high):
+    """An argparse type: an integer from low to high."""
+    def parse(text):
+        if not re.fullmatch(r"\d+", text) or not low <= int(text) <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer from {low} to {high}")
+        return int(text)
+    return parse
 
 
-def _workers(text):
-    if not re.fullmatch(r"\d+", text) or not 1 <= int(text) <= 64:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer from 1 to 64")
-    return int(text)
+_horizon = _int_in(0, 1024)
+_workers = _int_in(1, 64)
 
 
 def _progress(quiet):
@@ -127,20 +128,10 @@ def bench_parser():
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     p.add_argument("--quick", action="store_true", help="vramswap only at 50%% of the peak, horizon 4 (and above the peak)")
     p.add_argument("--workers", type=_workers, default=2, help="child processes run at once (default 2)")
-    p.add_argument("--warmup", type=_warmup, default=0,
+    p.add_argument("--warmup", type=_int_in(0, 16), default=0,
                    help="steps run before the measured one (default 0: the first step is measured)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     return p
-
-
-def _warmup(text):
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if not 0 <= n <= 16:
-        raise argparse.ArgumentTypeError(f"--warmup {text!r}: expected an integer from 0 to 16")
-    return n
 
 
 def bench(argv):
