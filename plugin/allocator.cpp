@@ -72,6 +72,7 @@ struct DeviceStats {
     e.peak_resident_bytes += o.peak_resident_bytes;
     e.tagged_bytes += o.tagged_bytes;
     e.evictable_bytes += o.evictable_bytes;
+    e.clean_bytes += o.clean_bytes;
     e.evicted_bytes += o.evicted_bytes;
     e.in_flight_bytes += o.in_flight_bytes;
     e.host_bytes += o.host_bytes;
@@ -82,6 +83,7 @@ struct DeviceStats {
     e.num_prefetches += o.num_prefetches;
     e.num_faults += o.num_faults;
     e.num_late_prefetches += o.num_late_prefetches;
+    e.num_clean_reuses += o.num_clean_reuses;
     e.num_verify_failures += o.num_verify_failures;
     e.tagged_waste_bytes += o.tagged_waste_bytes;
     e.num_tracked_blocks += o.num_tracked_blocks;
@@ -105,6 +107,7 @@ void write_counters(stats::JsonWriter& json, const DeviceStats& d) {
       .field("peak_resident_bytes", e.peak_resident_bytes)
       .field("tagged_bytes", e.tagged_bytes)
       .field("evictable_bytes", e.evictable_bytes)
+      .field("clean_bytes", e.clean_bytes)
       .field("evicted_bytes", e.evicted_bytes)
       .field("in_flight_bytes", e.in_flight_bytes)
       .field("host_bytes", e.host_bytes)
@@ -115,6 +118,7 @@ void write_counters(stats::JsonWriter& json, const DeviceStats& d) {
       .field("num_prefetches", e.num_prefetches)
       .field("num_faults", e.num_faults)
       .field("num_late_prefetches", e.num_late_prefetches)
+      .field("num_clean_reuses", e.num_clean_reuses)
       .field("num_verify_failures", e.num_verify_failures)
       .field("tagged_waste_bytes", e.tagged_waste_bytes)
       .field("num_tracked_blocks", e.num_tracked_blocks);

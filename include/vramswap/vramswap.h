@@ -133,15 +133,17 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * peak_reserved_bytes, device_limit_bytes, num_allocs, num_frees, num_cache_hits,
  * num_ooms; then the eviction engine's: resident_bytes (mapped device memory),
  * peak_resident_bytes, tagged_bytes (live tagged blocks, whole pages), evictable_bytes
- * (cold and resident), evicted_bytes (on the host now), in_flight_bytes (being copied
+ * (cold and resident), clean_bytes (copied to the host and still mapped: given up at once
+ * when memory is needed), evicted_bytes (on the host only), in_flight_bytes (being copied
  * either way), host_bytes (pinned host memory in use), peak_host_bytes,
  * bytes_evicted_total, bytes_prefetched_total, num_evictions, num_prefetches, num_faults
  * (unpack found the block on the host with no copy under way), num_late_prefetches (unpack
- * found its copy still in flight), num_verify_failures (VRAMSWAP_VERIFY), tagged_waste_bytes
+ * found its copy still in flight), num_clean_reuses (unpack found a clean block: no copy
+ * back was needed), num_verify_failures (VRAMSWAP_VERIFY), tagged_waste_bytes
  * (page rounding of tagged blocks), num_tracked_blocks (blocks with a live handle). These
  * are totals over devices (the peaks are sums of each device's peak). Then
  * num_invalid_frees (frees vramswap refused), then "devices": an array with one object per
- * device that has a pool ({"device": ordinal, the same 26 keys, num_free_blocks,
+ * device that has a pool ({"device": ordinal, the same 28 keys, num_free_blocks,
  * va_reserved_bytes}). Thread-safe; a reading taken during allocations on other threads
  * is consistent per device, not across devices. */
 size_t vramswap_stats_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;

@@ -86,9 +86,10 @@ constexpr KeySpec kKeys[] = {
         "0 or unset: the whole card; more than the card: the whole card."),
     key<KeyType::kSizeOrPercent, &Config::soft_limit>(
         "VRAMSWAP_SOFT_LIMIT", "90%", "the limit",
-        "Resident device memory above which cold blocks are evicted to host memory in the background, "
-        "ahead of need. 100%, 0 or at least the limit: no background eviction, cold blocks are evicted only "
-        "when an allocation would pass VRAMSWAP_LIMIT."),
+        "Resident device memory without a host copy above which cold blocks are copied to host memory in "
+        "the background, ahead of need; their pages are given up, with no wait, only when an allocation needs "
+        "them. 100%, 0 or at least the limit: no background copies, cold blocks are evicted only when an "
+        "allocation would pass VRAMSWAP_LIMIT."),
     key<KeyType::kOptionalSize, &Config::host_limit>(
         "VRAMSWAP_HOST_LIMIT", "", "2MiB..",
         "Pinned host memory that each device's eviction tier may hold; when it is full, eviction stops and "

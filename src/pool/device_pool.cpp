@@ -163,12 +163,16 @@ class DevicePool::Impl {
   void hold_back(BlockIt b, const std::vector<cudaStream_t>& streams, cudaStream_t tag_after);
   // Waits (lock released) for the events of the blocks pending now, then frees them.
   void drain_pending(std::unique_lock<std::mutex>& lock);
-  // Step `step` (1..4) of the escalation under pressure, each costlier than the one before:
-  // 1 unmap unused cached granules (spare pages); 2 wait for pending frees' events; 3
-  // synchronize the device so other streams' cached blocks become usable; 4 the reclaimer.
-  // Each step ends with unused granules unmapped. False when the step cannot help (nothing
-  // pending, nothing tagged by another stream, no reclaimer or it freed nothing).
-  bool relieve(int step, uint64_t bytes, std::unique_lock<std::mutex>& lock);
+  // The escalation under pressure, each measure costlier than the one before: unmap
+  // unused cached granules (spare pages); the reclaimer's measures that need no wait
+  // (pages of blocks whose copies to the host have landed); wait for pending frees'
+  // events; synchronize the device so other streams' cached blocks become usable; the
+  // reclaimer, waiting for its copies. Each ends with unused granules unmapped. False when
+  // the measure cannot help (nothing pending, nothing tagged by another stream, no
+  // reclaimer or it freed nothing).
+  enum class Relief { kUnusedGranules, kReclaimNoWait, kDrainPending, kSynchronize, kReclaim };
+  bool relieve(Relief relief, uint64_t bytes, std::unique_lock<std::mutex>& lock);
+  bool call_reclaimer(uint64_t bytes, bool wait, std::unique_lock<std::mutex>& lock);
   void* take(BlockIt b, uint64_t size, cudaStream_t stream, bool own_span, bool mapped_new);
   std::string oom_report(size_t requested, uint64_t rounded, const std::string& why) const;
   uint64_t granule_index(uintptr_t addr) const { return (addr - va_.base()) / granularity_; }
@@ -201,6 +205,9 @@ class DevicePool::Impl {
   uint64_t mapped_ = 0;                      // bytes of mapped granules
   uint64_t peak_mapped_ = 0;
   Reclaimer reclaimer_;
+  // What the last refused mapping lacked (bytes): what the reclaimer is asked for, so that it
+  // gives up no more than needed (each block it gives up must come back later).
+  uint64_t shortfall_ = 0;
 
   uint64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   uint64_t num_allocs_ = 0, num_frees_ = 0, num_cache_hits_ = 0, num_ooms_ = 0;
@@ -250,6 +257,7 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
   const uint64_t created = missing > spare_.size() ? missing - spare_.size() : 0;
   if (reserved_ + created * granularity_ > limit_) {  // refuse before mapping anything
     *why = "the limit";
+    shortfall_ = reserved_ + created * granularity_ - limit_;
     return false;
   }
   cuda::ContextScope scope(device_);
@@ -291,6 +299,7 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
       }
       if (!e.out_of_memory()) throw;
       *why = "the device's free memory";
+      shortfall_ = created * granularity_;  // how much the device lacks is not known
       return false;
     }
   }
@@ -418,36 +427,42 @@ void DevicePool::Impl::drain_pending(std::unique_lock<std::mutex>& lock) {
   poll_pending();
 }
 
-bool DevicePool::Impl::relieve(int step, uint64_t bytes, std::unique_lock<std::mutex>& lock) {
-  switch (step) {
-    case 1:
+bool DevicePool::Impl::call_reclaimer(uint64_t bytes, bool wait, std::unique_lock<std::mutex>& lock) {
+  if (!reclaimer_) return false;
+  if (shortfall_ > 0) bytes = std::min(bytes, shortfall_);
+  Reclaimer reclaim = reclaimer_;
+  lock.unlock();
+  const uint64_t freed = reclaim(bytes, wait);
+  lock.lock();
+  if (freed == 0) return false;
+  poll_if_waiting();
+  flush_quick();
+  return true;
+}
+
+bool DevicePool::Impl::relieve(Relief relief, uint64_t bytes, std::unique_lock<std::mutex>& lock) {
+  switch (relief) {
+    case Relief::kUnusedGranules:
       poll_if_waiting();
       flush_quick();
       break;
-    case 2:
+    case Relief::kReclaimNoWait:
+      if (!call_reclaimer(bytes, false, lock)) return false;
+      break;
+    case Relief::kDrainPending:
       if (pending_.empty() && promotions_.empty()) return false;
       drain_pending(lock);
       break;
-    case 3: {
+    case Relief::kSynchronize: {
       flush_quick();
       bool tagged = false;
       for (auto& [tag, set] : free_) tagged |= tag != kAnyStream;
       if (!tagged || !synchronize_and_retire(lock)) return false;
       break;
     }
-    case 4: {
-      if (!reclaimer_) return false;
-      Reclaimer reclaim = reclaimer_;
-      lock.unlock();
-      const uint64_t freed = reclaim(bytes);
-      lock.lock();
-      if (freed == 0) return false;
-      poll_if_waiting();
-      flush_quick();
+    case Relief::kReclaim:
+      if (!call_reclaimer(bytes, true, lock)) return false;
       break;
-    }
-    default:
-      return false;
   }
   unmap_unused();
   return true;
@@ -536,8 +551,11 @@ void* DevicePool::Impl::allocate_own_span(size_t size, cudaStream_t stream, std:
 void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool own_span,
                                       std::unique_lock<std::mutex>& lock, std::string* error) {
   std::string why;
-  for (int step = 0; step <= 4; ++step) {
-    if (step > 0 && !relieve(step, rounded, lock)) continue;
+  shortfall_ = 0;
+  constexpr Relief kSteps[] = {Relief::kUnusedGranules, Relief::kReclaimNoWait, Relief::kDrainPending,
+                               Relief::kSynchronize, Relief::kReclaim};
+  for (size_t step = 0; step <= std::size(kSteps); ++step) {
+    if (step > 0 && !relieve(kSteps[step - 1], rounded, lock)) continue;
     BlockIt b = find_fit(rounded, stream, own_span);
     if (b == blocks_.end()) {
       why = "the pool's address range";
@@ -577,11 +595,12 @@ Result DevicePool::Impl::map_block(void* ptr, bool may_synchronize) {
     return {false, "map of " + pointer_name(ptr) + ": not a live, unmapped block with its own span"};
   const uint64_t size = b->second.size;
   std::string why;
-  // The pool's own measures, as for an allocation, up to `last_step` (no reclaim: the
-  // caller is the reclaimer's owner).
-  const int last_step = may_synchronize ? 3 : 2;
-  for (int step = 0; step <= last_step; ++step) {
-    if (step > 0 && !relieve(step, size, lock)) continue;
+  // The pool's own measures, as for an allocation (no reclaim: the caller is the
+  // reclaimer's owner), the device synchronization only when allowed.
+  constexpr Relief kSteps[] = {Relief::kUnusedGranules, Relief::kDrainPending, Relief::kSynchronize};
+  const size_t steps = may_synchronize ? 3 : 2;
+  for (size_t step = 0; step <= steps; ++step) {
+    if (step > 0 && !relieve(kSteps[step - 1], size, lock)) continue;
     if (map_range(addr, size, &why)) {
       blocks_.at(addr).unmapped = false;
       return {};

@@ -28,10 +28,11 @@
 // size on S takes it back in O(1). Any other allocation first merges the quick lists into
 // the free index, so best fit always sees every cached block. Neither path makes a CUDA call. Growing
 // maps granules (cuMemCreate + cuMemMap + cuMemSetAccess); at the limit, or when the
-// device is full, the pool unmaps cached granules no block uses, waits for the events of
-// pending frees, synchronizes the device (only when other streams' cached blocks could
-// become usable), calls the reclaimer, and only then reports out of memory (a refused
-// request leaves nothing newly mapped).
+// device is full, the pool unmaps cached granules no block uses, asks the reclaimer for
+// what it can free without waiting, waits for the events of pending frees, synchronizes
+// the device (only when other streams' cached blocks could become usable), asks the
+// reclaimer again, waiting, and only then reports out of memory (a refused request leaves
+// nothing newly mapped).
 //
 // Thread safety: one mutex per pool guards all state. It is never held across a
 // synchronization (event waits happen with the lock released); mapping calls are made
@@ -131,11 +132,14 @@ class DevicePool {
   // (record_stream) waits for all their events, then goes to any stream. Thread-safe.
   Result deallocate_to_any(void* ptr, cudaStream_t stream);
 
-  // Called, with no pool lock held, when an allocation found no memory within the limit
-  // even after the pool's own measures; it should free at least `bytes` of device memory
-  // (for instance by evicting blocks and unmap_block()ing them) and return how much it
-  // freed (0: nothing, the allocation fails). Set once, before allocations start.
-  using Reclaimer = std::function<uint64_t(uint64_t bytes)>;
+  // Called, with no pool lock held, when an allocation found no memory within the limit;
+  // it should free at least `bytes` of device memory (for instance by unmap_block()ing
+  // evicted blocks) and return how much it freed (0: nothing). It is called twice on the
+  // way to an out-of-memory: first with `wait` false, right after the pool's unused
+  // granules, for what it can free at once (blocks whose copies to the host have landed);
+  // then, after the pool's own waits and the device synchronization, with `wait` true, when
+  // it may start copies and wait for them. Set once, before allocations start.
+  using Reclaimer = std::function<uint64_t(uint64_t bytes, bool wait)>;
   void set_reclaimer(Reclaimer reclaimer);
 
   // The VMM allocation granularity of the device. Thread-safe (immutable).

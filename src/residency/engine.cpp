@@ -4,8 +4,9 @@
 // Invariants:
 //   * a slot is live iff its block is a live tagged block of the pool; by_addr_ maps the
 //     block's address to it;
-//   * residency kEvicted / kFetching <=> the block has a host copy (host != nullptr) and,
-//     for kEvicted, no pages; kEvicting <=> a D2H copy into `host` is in flight;
+//   * residency kClean / kEvicted / kFetching <=> the block has a host copy (host !=
+//     nullptr); kEvicted <=> it has no pages; kEvicting <=> a D2H copy into `host` is in
+//     flight; kClean: the copy landed and the pages are still mapped (both copies valid);
 //   * a block is in order_ iff packs > 0, under `key`;
 //   * in_flight_ lists exactly the slots in kEvicting or kFetching.
 #include "residency/engine.h"
@@ -26,7 +27,7 @@
 namespace vramswap::residency {
 namespace {
 
-enum class Residency { kResident, kEvicting, kEvicted, kFetching };
+enum class Residency { kResident, kEvicting, kClean, kEvicted, kFetching };
 
 struct Slot {
   bool live = false;
@@ -99,9 +100,9 @@ class Engine::Impl {
   Status unpack(uint64_t handle, cudaStream_t stream);
   Status release(uint64_t handle);
   Status prefetch(uint64_t handle);
-  uint64_t reclaim(uint64_t bytes) {
+  uint64_t reclaim(uint64_t bytes, bool wait) {
     std::lock_guard lock(mu_);
-    return reclaim_locked(bytes);
+    return reclaim_locked(bytes, wait);
   }
   EngineStats stats();
   void reset_peaks();
@@ -137,11 +138,28 @@ class Engine::Impl {
   // Completes copies whose events completed (all of them, waiting, with `wait`).
   void complete_copies(bool wait);
   void finish(uint32_t slot);
+  // A clean block becomes plainly resident: its host copy is not needed any more.
+  void forget_host_copy(Slot& s) {
+    host_.free(s.host);
+    s.host = nullptr;
+    s.residency = Residency::kResident;
+    st_.clean_bytes -= s.placed;
+  }
   // Starts evictions of Belady victims until `bytes` more are on their way out; returns the
   // bytes started. With `window_too`, blocks kept for the prefetch window are victims as
   // well (reclaim's last resort).
   uint64_t start_victims(uint64_t bytes, uint32_t except, bool window_too = false);
-  uint64_t reclaim_locked(uint64_t bytes, uint32_t except = UINT32_MAX);
+  // Unmaps clean blocks, needed furthest away first, until `bytes` were freed; returns the
+  // bytes freed. `window_too` as for start_victims.
+  uint64_t drop_clean(uint64_t bytes, uint32_t except, bool window_too = false);
+  // Belady's rule over clean and evictable blocks together: from the block needed furthest
+  // away, drops clean blocks (at once) and starts the eviction of evictable ones, until
+  // those and the evictions in flight make `bytes`. Returns the bytes freed now (dropped).
+  uint64_t make_room(uint64_t bytes, uint32_t except, bool window_too = false);
+  void drop(uint32_t slot);
+  // Frees at least `bytes` of device memory: clean blocks' pages at once, then (with
+  // `wait`) evictions, waiting for their copies. Returns the bytes freed.
+  uint64_t reclaim_locked(uint64_t bytes, bool wait, uint32_t except = UINT32_MAX);
   void maybe_soft_evict();
   void untrack(Slot& s, uint32_t slot);
   void drop_deferred(bool wait);
@@ -242,6 +260,10 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
   complete_copies(false);
   switch (s.residency) {
     case Residency::kResident:
+      break;
+    case Residency::kClean:
+      host_.free(s.host);
+      st_.clean_bytes -= s.placed;
       break;
     case Residency::kEvicted:
       host_.free(s.host);
@@ -349,6 +371,10 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
     case Residency::kEvicting:
       s->cancel = true;  // its pages are still mapped and hold the data
       break;
+    case Residency::kClean:  // never given up: the host copy is not needed
+      forget_host_copy(*s);
+      ++st_.num_clean_reuses;
+      break;
     case Residency::kEvicted: {
       if (any_capturing())
         return {false, "unpack of an evicted block (" + hex(s->addr) +
@@ -400,6 +426,7 @@ Status Engine::Impl::release(uint64_t handle) {
   // not need it) it may be on the host: bring it back first, waiting, so that nothing is
   // lost; if that is refused the block stays packed and the handle valid.
   if (s->residency == Residency::kEvicting) s->cancel = true;
+  if (s->residency == Residency::kClean) forget_host_copy(*s);
   if (s->residency == Residency::kEvicted) {
     Status r = start_fetch(slot, true);
     if (!r.ok) return {false, "release: " + r.message + "; the block stays packed, its handle valid"};
@@ -422,7 +449,7 @@ Status Engine::Impl::prefetch(uint64_t handle) {
   const uint32_t slot = slot_of(handle);
   complete_copies(false);
   if (s->residency == Residency::kEvicting) s->cancel = true;
-  if (s->residency != Residency::kEvicted) return {};
+  if (s->residency != Residency::kEvicted) return {};  // on the device (a clean block too)
   if (any_capturing()) return {false, "prefetch: a stream is capturing a CUDA graph; nothing is copied now"};
   Status r = start_fetch(slot, false);
   if (r.ok) ++st_.num_prefetches;
@@ -464,8 +491,9 @@ Status Engine::Impl::start_fetch(uint32_t slot, bool reclaim) {
   // A prefetch (no reclaim) never synchronizes the device: it takes memory free at once or
   // freed behind an event (a tagged block freed by backward), waiting for that event.
   pool::Result mapped = pool_.map_block(reinterpret_cast<void*>(s.addr), reclaim);
+  if (!mapped.ok && make_room(s.placed, slot) > 0) mapped = pool_.map_block(reinterpret_cast<void*>(s.addr), reclaim);
   if (!mapped.ok && reclaim) {
-    reclaim_locked(s.placed, slot);
+    reclaim_locked(s.placed, true, slot);
     mapped = pool_.map_block(reinterpret_cast<void*>(s.addr), true);
   }
   if (!mapped.ok)
@@ -489,13 +517,10 @@ void Engine::Impl::finish(uint32_t slot) {
       host_.free(s.host);
       s.host = nullptr;
       s.residency = Residency::kResident;
-    } else {
+    } else {  // clean: its pages go when memory is needed (drop)
       if (options_.verify) s.checksum = checksum(s.host, s.requested);
-      pool::Result r = pool_.unmap_block(reinterpret_cast<void*>(s.addr));
-      if (!r.ok) throw cuda::CudaError("eviction of " + hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
-      s.residency = Residency::kEvicted;
-      unmapped_total_ += s.placed;
-      st_.evicted_bytes += s.placed;
+      s.residency = Residency::kClean;
+      st_.clean_bytes += s.placed;
       st_.bytes_evicted_total += s.requested;
       ++st_.num_evictions;
     }
@@ -572,13 +597,61 @@ uint64_t Engine::Impl::start_victims(uint64_t bytes, uint32_t except, bool windo
   return started;
 }
 
-uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, uint32_t except) {
+void Engine::Impl::drop(uint32_t slot) {
+  Slot& s = slots_[slot];
+  pool::Result r = pool_.unmap_block(reinterpret_cast<void*>(s.addr));
+  if (!r.ok) throw cuda::CudaError("eviction of " + hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
+  s.residency = Residency::kEvicted;
+  unmapped_total_ += s.placed;
+  st_.clean_bytes -= s.placed;
+  st_.evicted_bytes += s.placed;
+}
+
+uint64_t Engine::Impl::drop_clean(uint64_t bytes, uint32_t except, bool window_too) {
+  if (st_.clean_bytes == 0) return 0;
+  const std::set<uint32_t> window = window_too ? std::set<uint32_t>() : window_set();
+  uint64_t dropped = 0;
+  for (uint32_t slot : order_.furthest_first()) {
+    if (dropped >= bytes) break;
+    if (slot == except || slots_[slot].residency != Residency::kClean || window.count(slot)) continue;
+    drop(slot);
+    dropped += slots_[slot].placed;
+  }
+  return dropped;
+}
+
+uint64_t Engine::Impl::make_room(uint64_t bytes, uint32_t except, bool window_too) {
+  const std::set<uint32_t> window = window_too ? std::set<uint32_t>() : window_set();
+  uint64_t covered = 0;  // evictions already in flight free their pages too
+  for (uint32_t slot : in_flight_)
+    if (slots_[slot].residency == Residency::kEvicting && !slots_[slot].cancel) covered += slots_[slot].placed;
+  const uint64_t unmapped_before = unmapped_total_;
+  for (uint32_t slot : order_.furthest_first()) {
+    if (covered >= bytes) break;
+    if (slot == except) continue;
+    Slot& s = slots_[slot];
+    if (s.residency == Residency::kClean && !window.count(slot)) {
+      drop(slot);
+    } else if (evictable(slot, window)) {
+      if (!start_eviction(slot)) continue;  // the host tier is full: only clean blocks help
+    } else {
+      continue;
+    }
+    covered += s.placed;
+  }
+  return unmapped_total_ - unmapped_before;
+}
+
+uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, bool wait, uint32_t except) {
   if (any_capturing()) return 0;
   const uint64_t unmapped_before = unmapped_total_;
   auto freed = [&] { return unmapped_total_ - unmapped_before; };
-  // Copies that already landed first: a fetch that completed makes its block resident, and
-  // it may be a victim by now (the window moved on while it was in flight).
+  // Copies that already landed first: an eviction that completed leaves a clean block to
+  // drop at once; a fetch that completed makes its block resident, and it may be a victim
+  // by now (the window moved on while it was in flight).
   complete_copies(false);
+  make_room(bytes, except);
+  if (!wait) return freed();
   // Rounds 0 and 1 spare the prefetch window; waiting for round 0's copies may land fetches
   // whose blocks are victims for round 1. Round 2 is the last resort before an out-of-memory:
   // it takes blocks kept for the prefetch window too (they come back late, as faults, but
@@ -587,19 +660,20 @@ uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, uint32_t except) {
   for (int round = 0; round < 3 && freed() < bytes; ++round) {
     const bool window_too = round == 2;
     if (!landed && !window_too) continue;
-    uint64_t on_the_way = 0;  // evictions already in flight free their pages too
-    for (uint32_t slot : in_flight_)
-      if (slots_[slot].residency == Residency::kEvicting && !slots_[slot].cancel) on_the_way += slots_[slot].placed;
-    if (freed() + on_the_way < bytes) start_victims(bytes - freed() - on_the_way, except, window_too);
+    if (round > 0) make_room(bytes - freed(), except, window_too);
     landed = !in_flight_.empty();
-    if (landed) complete_copies(true);
+    if (landed) {
+      complete_copies(true);
+      if (freed() < bytes) drop_clean(bytes - freed(), except, window_too);
+    }
   }
   return freed();
 }
 
 void Engine::Impl::maybe_soft_evict() {
   if (options_.soft_limit_bytes == 0) return;
-  const uint64_t resident = pool_.stats().mapped_bytes;
+  // Clean blocks count as gone: their pages are given up at once when memory is needed.
+  const uint64_t resident = pool_.stats().mapped_bytes - std::min(pool_.stats().mapped_bytes, st_.clean_bytes);
   uint64_t leaving = 0;
   for (uint32_t slot : in_flight_)
     if (slots_[slot].residency == Residency::kEvicting && !slots_[slot].cancel) leaving += slots_[slot].placed;
@@ -615,7 +689,8 @@ std::string Engine::Impl::pressure_report() {
   const uint64_t tagged_resident = s.tagged_bytes > s.evicted_bytes ? s.tagged_bytes - s.evicted_bytes : 0;
   return "Offload: " + format_size(tagged_resident) + " tagged and resident, " + format_size(untagged) +
          " untagged, " + format_size(s.evictable_bytes) + " evictable (cold, outside the prefetch window of " +
-         std::to_string(options_.horizon) + "), " + format_size(s.in_flight_bytes) + " in flight, " +
+         std::to_string(options_.horizon) + "), " + format_size(s.clean_bytes) + " copied out but still mapped, " +
+         format_size(s.in_flight_bytes) + " in flight, " +
          format_size(s.evicted_bytes) + " on the host; host tier " + format_size(s.host_bytes) + " used of " +
          format_size(host_.limit_bytes()) + ".";
 }
@@ -642,7 +717,7 @@ void Engine::Impl::reset_peaks() {
 
 Engine::Engine(pool::DevicePool& pool, const EngineOptions& options)
     : impl_(std::make_unique<Impl>(pool, options)) {
-  pool.set_reclaimer([impl = impl_.get()](uint64_t bytes) { return impl->reclaim(bytes); });
+  pool.set_reclaimer([impl = impl_.get()](uint64_t bytes, bool wait) { return impl->reclaim(bytes, wait); });
 }
 Engine::~Engine() { impl_->detach(); }
 void* Engine::allocate_tagged(size_t size, cudaStream_t stream, std::string* error) {
@@ -656,7 +731,7 @@ Status Engine::mark_cold(uint64_t h, cudaStream_t stream) { return impl_->mark_c
 Status Engine::unpack(uint64_t h, cudaStream_t stream) { return impl_->unpack(h, stream); }
 Status Engine::release(uint64_t h) { return impl_->release(h); }
 Status Engine::prefetch(uint64_t h) { return impl_->prefetch(h); }
-uint64_t Engine::reclaim(uint64_t bytes) { return impl_->reclaim(bytes); }
+uint64_t Engine::reclaim(uint64_t bytes, bool wait) { return impl_->reclaim(bytes, wait); }
 EngineStats Engine::stats() const { return impl_->stats(); }
 void Engine::trim_host() { impl_->trim_host(); }
 std::string Engine::pressure_report() const { return impl_->pressure_report(); }

@@ -4,12 +4,13 @@
 //
 // Note [Block states]
 // -------------------
-//   resident --pack--> packed --mark_cold--> cold --evict--> evicting --copy done--> evicted
-//      ^                  ^                   |                  |                      |
-//      |                  +---- unpack -------+                  | unpack/prefetch:     | prefetch /
-//      |                                                         | cancel (still there) | unpack
-//   release                                                      v                      v
-//      +----------------- in use (after unpack) <---- unpack ---------- fetching <------+
+//   resident --pack--> packed --mark_cold--> cold --evict--> evicting --copy done--> clean
+//      ^                  ^                   |                  |                   |  drop: pages
+//      |                  +---- unpack -------+                  | unpack/prefetch:  |  unmapped
+//      |                                                         | cancel (still     v
+//   release                                  unpack (no copy) <--|-- clean        evicted
+//      +----------------- in use (after unpack) <---- unpack ---------- fetching <---+ prefetch /
+//                                                                                      unpack
 //
 // * A tagged block lives on its own granules (pool::DevicePool::allocate_own_span), so its
 //   pages can be unmapped without touching any other block; the VA stays reserved and the
@@ -21,10 +22,17 @@
 //   touch the block was queued before it. Only cold blocks are evicted.
 // * Eviction: the D2H copy stream waits for the cold event, copies the block into a host
 //   tier buffer and records the copy event. Once that event has completed (found by
-//   polling at the next call, or waited for when memory is needed now) the pages are
-//   unmapped and become the pool's spare pages, reused before any new page is created.
-//   Victims are chosen by Belady's rule: the cold block needed furthest in the future,
-//   never one of the next `horizon` blocks (the prefetch window).
+//   polling at the next call) the block is *clean*: on the host and still on the device.
+//   Its pages are given up (unmapped; they become the pool's spare pages, reused before
+//   any new page is created) only when memory is needed: a clean block is dropped at once,
+//   with no wait, and one that backward reaches while still clean costs no copy back.
+//   Victims are chosen by Belady's rule, clean and evictable blocks together: from the
+//   block needed furthest in the future, a clean block is dropped, a cold resident one
+//   starts its copy; never one of the next `horizon` blocks (the prefetch window) but as
+//   the last resort before an out-of-memory.
+// * The soft limit bounds the resident bytes that have no host copy: past it, cold blocks
+//   start their copies in the background (and become clean), so that the memory an
+//   allocation needs is there to drop at once. The pool's limit bounds all resident bytes.
 // * unpack() makes the contents valid for work queued on the caller's stream after the
 //   call: an evicted block is fetched now (a fault); a fetching one makes the stream wait
 //   for the fetch event (late if that event has not completed yet); an evicting one just
@@ -57,8 +65,8 @@
 namespace vramswap::residency {
 
 struct EngineOptions {
-  uint64_t soft_limit_bytes = 0;   // resident bytes above which cold blocks are evicted
-                                   // asynchronously; 0: no soft limit
+  uint64_t soft_limit_bytes = 0;   // resident bytes without a host copy above which cold
+                                   // blocks are copied out in the background; 0: none
   uint64_t host_limit_bytes = 0;   // the host tier's cap; 0: its default
   int horizon = 4;                 // blocks prefetched ahead, and protected from eviction
   bool verify = false;             // checksum at eviction, checked at restore
@@ -69,7 +77,9 @@ struct EngineStats {
   uint64_t peak_resident_bytes = 0;   // the pool's peak (reset with the pool's peaks)
   uint64_t tagged_bytes = 0;          // live tagged blocks, as placed (whole granules)
   uint64_t evictable_bytes = 0;       // cold, resident, outside the prefetch window
-  uint64_t evicted_bytes = 0;         // on the host now (evicted or fetching)
+  uint64_t clean_bytes = 0;           // copied to the host and still mapped: given up at once
+                                      // when memory is needed
+  uint64_t evicted_bytes = 0;         // on the host only now (evicted or fetching)
   uint64_t in_flight_bytes = 0;       // being copied either way
   uint64_t host_bytes = 0;            // host tier in use
   uint64_t peak_host_bytes = 0;
@@ -77,6 +87,7 @@ struct EngineStats {
   uint64_t bytes_prefetched_total = 0;
   uint64_t num_evictions = 0;
   uint64_t num_prefetches = 0;
+  uint64_t num_clean_reuses = 0;      // unpack found a clean block: no fetch was needed
   uint64_t num_faults = 0;            // unpack found the block neither resident nor in flight
   uint64_t num_late_prefetches = 0;   // unpack found its fetch still in flight
   uint64_t num_verify_failures = 0;
@@ -123,9 +134,10 @@ class Engine {
   Status release(uint64_t handle);
   Status prefetch(uint64_t handle);
 
-  // Evicts cold blocks until at least `bytes` of device memory were freed, waiting for the
-  // copies (the pool's reclaimer). Returns the bytes freed. Thread-safe.
-  uint64_t reclaim(uint64_t bytes);
+  // Frees at least `bytes` of device memory (the pool's reclaimer): clean blocks' pages at
+  // once; then, with `wait`, evicts cold blocks, waiting for the copies. Returns the bytes
+  // freed. Thread-safe.
+  uint64_t reclaim(uint64_t bytes, bool wait = true);
 
   // The counters, after reaping the copies that have completed (so a block whose copy is
   // done counts as evicted or restored). Thread-safe.

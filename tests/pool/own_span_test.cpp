@@ -1,7 +1,7 @@
 // The pool's support for eviction: own-span blocks, taking their pages away and giving
 // them back at the same address, spare pages, and the reclaimer (device_pool.h, "For the
 // residency engine").
-#include <atomic>
+#include <vector>
 
 #include "pool_test_util.h"
 
@@ -115,18 +115,18 @@ TEST_F(OwnSpan, TheReclaimerRunsAtTheLimitAndItsPagesAreUsed) {
   make_pool(4 * g);
   void* victim = own(4 * g);
   ASSERT_NE(nullptr, victim);
-  std::atomic<int> calls{0};
-  pool().set_reclaimer([&](uint64_t bytes) -> uint64_t {
-    ++calls;
+  std::vector<bool> waits;  // the `wait` argument of each call
+  pool().set_reclaimer([&](uint64_t bytes, bool wait) -> uint64_t {
+    waits.push_back(wait);
     EXPECT_GE(4 * g, bytes);
     return pool().unmap_block(victim).ok ? 4 * g : 0;
   });
   void* p = plain(2 * g);
   EXPECT_NE(nullptr, p) << "the reclaimer's pages serve the allocation";
-  EXPECT_EQ(1, calls.load());
+  EXPECT_EQ(std::vector<bool>{false}, waits) << "what can be freed at once is asked for first";
   std::string error;
   EXPECT_EQ(nullptr, pool().allocate(3 * g, nullptr, &error)) << "the reclaimer has nothing more";
-  EXPECT_EQ(2, calls.load());
+  EXPECT_EQ((std::vector<bool>{false, false, true}), waits) << "then once more, allowed to wait";
   EXPECT_NE(std::string::npos, error.find("out of memory")) << error;
   EXPECT_TRUE(pool().deallocate(p, nullptr).ok);
   EXPECT_TRUE(pool().deallocate(victim, nullptr).ok);

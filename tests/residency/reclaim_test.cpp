@@ -205,4 +205,52 @@ TEST_F(ReclaimTest, AFetchStillInFlightWhenTheWindowMovesOnIsAVictimOnceItLands)
   ASSERT_TRUE(engine_->free_tagged(b, stream_).ok);
 }
 
+// A clean block (copied out, pages still mapped) gives its pages up at once when an
+// allocation needs them: with the compute stream held, an allocation past the limit
+// succeeds, so nothing waited for the device or for a copy; the block comes back intact.
+TEST_F(ReclaimTest, CleanBlocksAreGivenUpWithoutWaiting) {
+  EngineOptions options;
+  options.soft_limit_bytes = 4 * kMiB;
+  options.horizon = 0;
+  start(16 * kMiB, options);
+  engine_->graph_begin();
+  void* a = tagged(1);
+  const uint64_t ha = pack_cold(a);
+  void* b = tagged(2);
+  const uint64_t hb = pack_cold(b);
+  void* c = tagged(3);
+  const uint64_t hc = pack_cold(c);
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());  // the copies out land
+  const EngineStats before = stats();
+  ASSERT_EQ(8 * kMiB, before.clean_bytes) << "a and b: needed furthest away";
+  ASSERT_EQ(12 * kMiB, before.resident_bytes);
+  void* d = nullptr;
+  {
+    StreamGate gate;
+    LetGoLater watchdog(gate, pool_test::kHangTimeout);
+    ASSERT_CUDA_OK(gate.hold(stream_));  // a device synchronization would wait for it
+    std::string error;
+    d = engine_->allocate_tagged(2 * kBlock, stream_, &error);
+    ASSERT_NE(nullptr, d) << error;
+    watchdog.finish();
+    EXPECT_FALSE(watchdog.fired()) << "the allocation waited for the held stream";
+  }
+  const EngineStats s = stats();
+  EXPECT_EQ(before.num_evictions, s.num_evictions) << "no copy was needed";
+  EXPECT_EQ(4 * kMiB, s.evicted_bytes) << "a, needed last, gave its pages up; no more was needed";
+  EXPECT_EQ(4 * kMiB, s.clean_bytes) << "b";
+  EXPECT_EQ(16 * kMiB, s.resident_bytes);
+  ASSERT_TRUE(engine_->free_tagged(d, stream_).ok);
+  ASSERT_TRUE(engine_->unpack(hc, stream_).ok);
+  EXPECT_TRUE(holds(c, 3));
+  ASSERT_TRUE(engine_->unpack(hb, stream_).ok);
+  EXPECT_TRUE(holds(b, 2));
+  ASSERT_TRUE(engine_->unpack(ha, stream_).ok);
+  EXPECT_TRUE(holds(a, 1));
+  EXPECT_EQ(1u, stats().num_faults) << "a";
+  EXPECT_EQ(1u, stats().num_clean_reuses) << "b";
+  for (uint64_t h : {ha, hb, hc}) ASSERT_TRUE(engine_->release(h).ok);
+  for (void* p : {a, b, c}) ASSERT_TRUE(engine_->free_tagged(p, stream_).ok);
+}
+
 }  // namespace

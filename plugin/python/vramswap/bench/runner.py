@@ -867,6 +867,7 @@ class _Interpreter:
             "num_prefetches": stats.get("num_prefetches", 0) - self.stats0.get("num_prefetches", 0),
             "num_faults": stats.get("num_faults", 0) - self.stats0.get("num_faults", 0),
             "num_late_prefetches": stats.get("num_late_prefetches", 0) - self.stats0.get("num_late_prefetches", 0),
+            "num_clean_reuses": stats.get("num_clean_reuses", 0) - self.stats0.get("num_clean_reuses", 0),
             "warmup_steps": self.warmup_steps,
             "tagged_waste_bytes": stats.get("tagged_waste_bytes", 0),
             "peak_host_bytes": (stats.get("peak_host_bytes", 0) if self.policy == "vramswap" else self.peak_host),
