@@ -150,7 +150,7 @@ void memcpy_round_trip(benchmark::State& state, bool unmap_map) {
       for (void* p : blocks)
         if (auto r = pool.unmap_block(p); !r.ok) return r.message;
       for (void* p : blocks)
-        if (auto r = pool.map_block(p, true); !r.ok) return r.message;
+        if (auto r = pool.map_block(p, vramswap::pool::DevicePool::MapWait::kSynchronize); !r.ok) return r.message;
     }
     for (size_t i = 0; i < n; ++i)
       if (cudaMemcpyAsync(blocks[i], host + i * bytes, bytes, cudaMemcpyHostToDevice, stream) != cudaSuccess)

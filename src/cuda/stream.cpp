@@ -47,6 +47,17 @@ bool is_capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+bool synchronize_stream(cudaStream_t stream) {
+  try {
+    if (is_capturing(stream)) return false;  // a synchronization would break the capture
+  } catch (const CudaError&) {
+    return false;
+  }
+  if (cudaStreamSynchronize(stream) == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
+
 int greatest_priority(int device) {
   ContextScope scope(device);
   int least = 0, greatest = 0;

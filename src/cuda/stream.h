@@ -39,6 +39,10 @@ void wait_event(cudaStream_t stream, const Event& event);
 // True when `stream` is being captured into a CUDA graph. Throws CudaError.
 bool is_capturing(cudaStream_t stream);
 
+// Waits until the work queued on `stream` has completed. False (nothing waited for) when
+// the stream is capturing a CUDA graph or the call fails.
+bool synchronize_stream(cudaStream_t stream);
+
 // The device's greatest (most urgent) stream priority.
 int greatest_priority(int device);
 

@@ -23,6 +23,7 @@
 #include "cuda/device.h"
 #include "cuda/error.h"
 #include "cuda/event.h"
+#include "cuda/stream.h"
 #include "cuda/vmm.h"
 
 namespace vramswap::pool {
@@ -99,7 +100,7 @@ class DevicePool::Impl {
   Result record_stream(void* ptr, cudaStream_t stream);
   void* allocate_own_span(size_t size, cudaStream_t stream, std::string* error);
   Result unmap_block(void* ptr);
-  Result map_block(void* ptr, bool may_synchronize);
+  Result map_block(void* ptr, MapWait wait);
   Result deallocate_to_any(void* ptr, cudaStream_t stream);
   void set_reclaimer(Reclaimer r) {
     std::lock_guard lock(mu_);
@@ -149,8 +150,9 @@ class DevicePool::Impl {
   // Synchronizes the device (lock released) and then makes every block that was free under
   // a stream tag, or pending, when it started reusable by any stream. Events are not
   // recorded on the freeing streams now: they may have been destroyed since the free.
-  // False when the synchronization failed (blocks keep their tags).
-  bool synchronize_and_retire(std::unique_lock<std::mutex>& lock);
+  // With `only` a stream (one known to be alive), synchronizes just that stream and
+  // retires just its blocks. False when the synchronization failed (blocks keep their tags).
+  bool synchronize_and_retire(std::unique_lock<std::mutex>& lock, cudaStream_t only);
   // Merges every quick-listed block into the free index (slow paths need the whole picture).
   void flush_quick();
   // The live block starting at `ptr`, or end() with *refusal saying why not (foreign,
@@ -166,13 +168,22 @@ class DevicePool::Impl {
   // The escalation under pressure, each measure costlier than the one before: unmap
   // unused cached granules (spare pages); the reclaimer's measures that need no wait
   // (pages of blocks whose copies to the host have landed); wait for pending frees'
-  // events; synchronize the device so other streams' cached blocks become usable; the
-  // reclaimer, waiting for its copies. Each ends with unused granules unmapped. False when
-  // the measure cannot help (nothing pending, nothing tagged by another stream, no
-  // reclaimer or it freed nothing).
-  enum class Relief { kUnusedGranules, kReclaimNoWait, kDrainPending, kSynchronize, kReclaim };
-  bool relieve(Relief relief, uint64_t bytes, std::unique_lock<std::mutex>& lock);
-  bool call_reclaimer(uint64_t bytes, bool wait, std::unique_lock<std::mutex>& lock);
+  // events; synchronize the allocating stream so the blocks it freed become usable by
+  // any stream (their granules can then be unmapped); synchronize the device so other
+  // streams' cached blocks become usable; the reclaimer starting more copies and
+  // waiting for them. Each ends with unused granules unmapped. False when the measure
+  // cannot help (nothing pending, nothing tagged by another stream, no reclaimer or it
+  // freed nothing).
+  enum class Relief {
+    kUnusedGranules,
+    kReclaimNoWait,
+    kDrainPending,
+    kSynchronizeStream,
+    kSynchronize,
+    kReclaim
+  };
+  bool relieve(Relief relief, uint64_t bytes, cudaStream_t stream, std::unique_lock<std::mutex>& lock);
+  bool call_reclaimer(uint64_t bytes, ReclaimMode mode, std::unique_lock<std::mutex>& lock);
   void* take(BlockIt b, uint64_t size, cudaStream_t stream, bool own_span, bool mapped_new);
   std::string oom_report(size_t requested, uint64_t rounded, const std::string& why) const;
   uint64_t granule_index(uintptr_t addr) const { return (addr - va_.base()) / granularity_; }
@@ -393,11 +404,11 @@ void DevicePool::Impl::poll_pending() {
   }
 }
 
-bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock) {
+bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock, cudaStream_t only) {
   flush_quick();
   std::vector<std::pair<uintptr_t, cudaStream_t>> retiring;  // (block, tag before)
   for (auto it = free_.begin(); it != free_.end();) {
-    if (it->first == kAnyStream) {
+    if (it->first == kAnyStream || (only != kAnyStream && it->first != only)) {
       ++it;
       continue;
     }
@@ -408,7 +419,7 @@ bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock
     it = free_.erase(it);
   }
   lock.unlock();
-  const bool synchronized = cuda::synchronize_device(device_);
+  const bool synchronized = only == kAnyStream ? cuda::synchronize_device(device_) : cuda::synchronize_stream(only);
   lock.lock();
   for (auto& [addr, tag] : retiring) release_block(blocks_.find(addr), synchronized ? kAnyStream : tag);
   if (!synchronized) return false;
@@ -427,12 +438,12 @@ void DevicePool::Impl::drain_pending(std::unique_lock<std::mutex>& lock) {
   poll_pending();
 }
 
-bool DevicePool::Impl::call_reclaimer(uint64_t bytes, bool wait, std::unique_lock<std::mutex>& lock) {
+bool DevicePool::Impl::call_reclaimer(uint64_t bytes, ReclaimMode mode, std::unique_lock<std::mutex>& lock) {
   if (!reclaimer_) return false;
   if (shortfall_ > 0) bytes = std::min(bytes, shortfall_);
   Reclaimer reclaim = reclaimer_;
   lock.unlock();
-  const uint64_t freed = reclaim(bytes, wait);
+  const uint64_t freed = reclaim(bytes, mode);
   lock.lock();
   if (freed == 0) return false;
   poll_if_waiting();
@@ -440,28 +451,35 @@ bool DevicePool::Impl::call_reclaimer(uint64_t bytes, bool wait, std::unique_loc
   return true;
 }
 
-bool DevicePool::Impl::relieve(Relief relief, uint64_t bytes, std::unique_lock<std::mutex>& lock) {
+bool DevicePool::Impl::relieve(Relief relief, uint64_t bytes, cudaStream_t stream,
+                               std::unique_lock<std::mutex>& lock) {
   switch (relief) {
     case Relief::kUnusedGranules:
       poll_if_waiting();
       flush_quick();
       break;
     case Relief::kReclaimNoWait:
-      if (!call_reclaimer(bytes, false, lock)) return false;
+      if (!call_reclaimer(bytes, ReclaimMode::kNoWait, lock)) return false;
       break;
     case Relief::kDrainPending:
       if (pending_.empty() && promotions_.empty()) return false;
       drain_pending(lock);
       break;
+    case Relief::kSynchronizeStream:
+      // The allocating stream is alive (the caller is queueing work on it), so it can be
+      // synchronized; other streams cannot (see Note [The pool]).
+      flush_quick();
+      if (stream == kAnyStream || !free_.count(stream) || !synchronize_and_retire(lock, stream)) return false;
+      break;
     case Relief::kSynchronize: {
       flush_quick();
       bool tagged = false;
       for (auto& [tag, set] : free_) tagged |= tag != kAnyStream;
-      if (!tagged || !synchronize_and_retire(lock)) return false;
+      if (!tagged || !synchronize_and_retire(lock, kAnyStream)) return false;
       break;
     }
     case Relief::kReclaim:
-      if (!call_reclaimer(bytes, true, lock)) return false;
+      if (!call_reclaimer(bytes, ReclaimMode::kFull, lock)) return false;
       break;
   }
   unmap_unused();
@@ -552,10 +570,10 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
                                       std::unique_lock<std::mutex>& lock, std::string* error) {
   std::string why;
   shortfall_ = 0;
-  constexpr Relief kSteps[] = {Relief::kUnusedGranules, Relief::kReclaimNoWait, Relief::kDrainPending,
-                               Relief::kSynchronize, Relief::kReclaim};
+  constexpr Relief kSteps[] = {Relief::kUnusedGranules,     Relief::kReclaimNoWait,   Relief::kDrainPending,
+                               Relief::kSynchronizeStream, Relief::kSynchronize, Relief::kReclaim};
   for (size_t step = 0; step <= std::size(kSteps); ++step) {
-    if (step > 0 && !relieve(kSteps[step - 1], rounded, lock)) continue;
+    if (step > 0 && !relieve(kSteps[step - 1], rounded, stream, lock)) continue;
     BlockIt b = find_fit(rounded, stream, own_span);
     if (b == blocks_.end()) {
       why = "the pool's address range";
@@ -587,7 +605,7 @@ Result DevicePool::Impl::unmap_block(void* ptr) {
   return {};
 }
 
-Result DevicePool::Impl::map_block(void* ptr, bool may_synchronize) {
+Result DevicePool::Impl::map_block(void* ptr, MapWait wait) {
   std::unique_lock lock(mu_);
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
   auto b = blocks_.find(addr);
@@ -596,11 +614,11 @@ Result DevicePool::Impl::map_block(void* ptr, bool may_synchronize) {
   const uint64_t size = b->second.size;
   std::string why;
   // The pool's own measures, as for an allocation (no reclaim: the caller is the
-  // reclaimer's owner), the device synchronization only when allowed.
+  // reclaimer's owner), as far as `wait` allows.
   constexpr Relief kSteps[] = {Relief::kUnusedGranules, Relief::kDrainPending, Relief::kSynchronize};
-  const size_t steps = may_synchronize ? 3 : 2;
+  const size_t steps = wait == MapWait::kSynchronize ? 3 : 2;
   for (size_t step = 0; step <= steps; ++step) {
-    if (step > 0 && !relieve(kSteps[step - 1], size, lock)) continue;
+    if (step > 0 && !relieve(kSteps[step - 1], size, kAnyStream, lock)) continue;
     if (map_range(addr, size, &why)) {
       blocks_.at(addr).unmapped = false;
       return {};
@@ -709,7 +727,7 @@ void DevicePool::Impl::empty_cache() {
   std::unique_lock lock(mu_);
   poll_pending();
   flush_quick();
-  synchronize_and_retire(lock);
+  synchronize_and_retire(lock, kAnyStream);
   unmap_unused();
   release_spare();
 }
@@ -768,7 +786,7 @@ void* DevicePool::allocate_own_span(size_t size, cudaStream_t stream, std::strin
   return impl_->allocate_own_span(size, stream, error);
 }
 Result DevicePool::unmap_block(void* ptr) { return impl_->unmap_block(ptr); }
-Result DevicePool::map_block(void* ptr, bool may_synchronize) { return impl_->map_block(ptr, may_synchronize); }
+Result DevicePool::map_block(void* ptr, MapWait wait) { return impl_->map_block(ptr, wait); }
 Result DevicePool::deallocate_to_any(void* ptr, cudaStream_t stream) { return impl_->deallocate_to_any(ptr, stream); }
 void DevicePool::set_reclaimer(Reclaimer reclaimer) { impl_->set_reclaimer(std::move(reclaimer)); }
 uint64_t DevicePool::granularity() const { return impl_->granularity(); }

@@ -30,9 +30,11 @@
 // maps granules (cuMemCreate + cuMemMap + cuMemSetAccess); at the limit, or when the
 // device is full, the pool unmaps cached granules no block uses, asks the reclaimer for
 // what it can free without waiting, waits for the events of pending frees, synchronizes
-// the device (only when other streams' cached blocks could become usable), asks the
-// reclaimer again, waiting, and only then reports out of memory (a refused request leaves
-// nothing newly mapped).
+// the allocating stream (which is alive: its blocks become usable by any stream, so their
+// granules can be unmapped), synchronizes the device (only when other streams' cached
+// blocks could become usable; it waits for every stream, copy streams too), lets the
+// reclaimer start copies and wait for them, and only then reports out of memory (a
+// refused request leaves nothing newly mapped).
 //
 // Thread safety: one mutex per pool guards all state. It is never held across a
 // synchronization (event waits happen with the lock released); mapping calls are made
@@ -118,11 +120,14 @@ class DevicePool {
   // block stays live and keeps its address. Thread-safe.
   Result unmap_block(void* ptr);
 
+  // How long map_block() may wait for memory: for the events of pending frees, or also
+  // for a device synchronization.
+  enum class MapWait { kPendingFrees, kSynchronize };
+
   // Maps pages (spare first) under a live own-span block that unmap_block() emptied.
   // Refused, with nothing mapped, when the limit or the device does not allow it even
-  // after the pool's own measures; with `may_synchronize` false, all but the device
-  // synchronization (it may still wait for the events of pending frees). Thread-safe.
-  Result map_block(void* ptr, bool may_synchronize);
+  // after the pool's own measures that `wait` allows. Thread-safe.
+  Result map_block(void* ptr, MapWait wait);
 
   // Frees a block for the freeing stream at once (as deallocate() does) and for any stream
   // once an event recorded now on `stream` completes: for large blocks whose memory is
@@ -132,14 +137,18 @@ class DevicePool {
   // (record_stream) waits for all their events, then goes to any stream. Thread-safe.
   Result deallocate_to_any(void* ptr, cudaStream_t stream);
 
+  // How far a reclaimer may go: each mode is asked for in turn, with the pool's own
+  // measures in between (see Note [The pool]).
+  enum class ReclaimMode {
+    kNoWait,  // what it can free at once (blocks whose copies to the host have landed);
+              // it may start work for later
+    kFull,    // it may start work and wait for it
+  };
   // Called, with no pool lock held, when an allocation found no memory within the limit;
   // it should free at least `bytes` of device memory (for instance by unmap_block()ing
-  // evicted blocks) and return how much it freed (0: nothing). It is called twice on the
-  // way to an out-of-memory: first with `wait` false, right after the pool's unused
-  // granules, for what it can free at once (blocks whose copies to the host have landed);
-  // then, after the pool's own waits and the device synchronization, with `wait` true, when
-  // it may start copies and wait for them. Set once, before allocations start.
-  using Reclaimer = std::function<uint64_t(uint64_t bytes, bool wait)>;
+  // evicted blocks) and return how much it freed (0: nothing). Set once, before
+  // allocations start.
+  using Reclaimer = std::function<uint64_t(uint64_t bytes, ReclaimMode mode)>;
   void set_reclaimer(Reclaimer reclaimer);
 
   // The VMM allocation granularity of the device. Thread-safe (immutable).

@@ -27,6 +27,8 @@
 namespace vramswap::residency {
 namespace {
 
+using ReclaimMode = pool::DevicePool::ReclaimMode;
+
 enum class Residency { kResident, kEvicting, kClean, kEvicted, kFetching };
 
 struct Slot {
@@ -100,9 +102,9 @@ class Engine::Impl {
   Status unpack(uint64_t handle, cudaStream_t stream);
   Status release(uint64_t handle);
   Status prefetch(uint64_t handle);
-  uint64_t reclaim(uint64_t bytes, bool wait) {
+  uint64_t reclaim(uint64_t bytes, ReclaimMode mode) {
     std::lock_guard lock(mu_);
-    return reclaim_locked(bytes, wait);
+    return reclaim_locked(bytes, mode);
   }
   EngineStats stats();
   void reset_peaks();
@@ -132,9 +134,13 @@ class Engine::Impl {
   }
   // Starts the D2H copy of a cold resident block. False when the host tier is full.
   bool start_eviction(uint32_t slot);
-  // Maps the block's pages again and starts the H2D copy. With `reclaim`, evicts others
-  // (waiting) when memory is short.
-  Status start_fetch(uint32_t slot, bool reclaim);
+  // How a fetch finds memory. kNeeded (a fault, a release): evicts others, waiting, when
+  // memory is short. kPrefetch (the window): memory free now or behind pending frees'
+  // events, else clean blocks needed later; it starts evictions for next time but never
+  // waits for them.
+  enum class Fetch { kNeeded, kPrefetch };
+  // Maps the block's pages again and starts the H2D copy.
+  Status start_fetch(uint32_t slot, Fetch kind);
   // Completes copies whose events completed (all of them, waiting, with `wait`).
   void complete_copies(bool wait);
   void finish(uint32_t slot);
@@ -157,9 +163,9 @@ class Engine::Impl {
   // those and the evictions in flight make `bytes`. Returns the bytes freed now (dropped).
   uint64_t make_room(uint64_t bytes, uint32_t except, bool window_too = false);
   void drop(uint32_t slot);
-  // Frees at least `bytes` of device memory: clean blocks' pages at once, then (with
-  // `wait`) evictions, waiting for their copies. Returns the bytes freed.
-  uint64_t reclaim_locked(uint64_t bytes, bool wait, uint32_t except = UINT32_MAX);
+  // Frees at least `bytes` of device memory as Engine::reclaim. Returns the bytes freed.
+  uint64_t reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t except = UINT32_MAX);
+
   void maybe_soft_evict();
   void untrack(Slot& s, uint32_t slot);
   void drop_deferred(bool wait);
@@ -371,16 +377,16 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
     case Residency::kEvicting:
       s->cancel = true;  // its pages are still mapped and hold the data
       break;
-    case Residency::kClean:  // never given up: the host copy is not needed
-      forget_host_copy(*s);
+    case Residency::kClean:  // never given up: no copy back at all
       ++st_.num_clean_reuses;
+      forget_host_copy(*s);
       break;
     case Residency::kEvicted: {
       if (any_capturing())
         return {false, "unpack of an evicted block (" + hex(s->addr) +
                            ") while a stream is capturing a CUDA graph: it cannot be fetched now"};
       ++st_.num_faults;
-      Status r = start_fetch(slot, true);
+      Status r = start_fetch(slot, Fetch::kNeeded);
       if (!r.ok) return r;
       break;
     }
@@ -393,17 +399,14 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
   s->unpacked = true;
   s->cold = false;
   order_.set_cursor(s->key);
-  // Prefetch the window; make room for it by evicting what is needed furthest away.
+  // Prefetch the window; make room for it by giving up what is needed furthest away.
   if (options_.horizon > 0 && !any_capturing()) {
     for (uint32_t next : order_.window(options_.horizon)) {
       Slot& n = slots_[next];
       if (n.residency == Residency::kEvicting) {
         n.cancel = true;
       } else if (n.residency == Residency::kEvicted) {
-        if (!start_fetch(next, false).ok) {
-          start_victims(n.placed, next);  // for the fault or prefetch that comes next
-          break;
-        }
+        if (!start_fetch(next, Fetch::kPrefetch).ok) break;  // make_room started evictions for next time
         ++st_.num_prefetches;
       }
     }
@@ -428,7 +431,7 @@ Status Engine::Impl::release(uint64_t handle) {
   if (s->residency == Residency::kEvicting) s->cancel = true;
   if (s->residency == Residency::kClean) forget_host_copy(*s);
   if (s->residency == Residency::kEvicted) {
-    Status r = start_fetch(slot, true);
+    Status r = start_fetch(slot, Fetch::kNeeded);
     if (!r.ok) return {false, "release: " + r.message + "; the block stays packed, its handle valid"};
   }
   // A fetch still in flight: an unpacked block's stream already waits for it; a block that
@@ -451,7 +454,7 @@ Status Engine::Impl::prefetch(uint64_t handle) {
   if (s->residency == Residency::kEvicting) s->cancel = true;
   if (s->residency != Residency::kEvicted) return {};  // on the device (a clean block too)
   if (any_capturing()) return {false, "prefetch: a stream is capturing a CUDA graph; nothing is copied now"};
-  Status r = start_fetch(slot, false);
+  Status r = start_fetch(slot, Fetch::kPrefetch);
   if (r.ok) ++st_.num_prefetches;
   return r;
 }
@@ -486,15 +489,25 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
   return true;
 }
 
-Status Engine::Impl::start_fetch(uint32_t slot, bool reclaim) {
+Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind) {
   Slot& s = slots_[slot];
-  // A prefetch (no reclaim) never synchronizes the device: it takes memory free at once or
-  // freed behind an event (a tagged block freed by backward), waiting for that event.
-  pool::Result mapped = pool_.map_block(reinterpret_cast<void*>(s.addr), reclaim);
-  if (!mapped.ok && make_room(s.placed, slot) > 0) mapped = pool_.map_block(reinterpret_cast<void*>(s.addr), reclaim);
-  if (!mapped.ok && reclaim) {
-    reclaim_locked(s.placed, true, slot);
-    mapped = pool_.map_block(reinterpret_cast<void*>(s.addr), true);
+  using MapWait = pool::DevicePool::MapWait;
+  void* const addr = reinterpret_cast<void*>(s.addr);
+  pool::Result mapped;
+  switch (kind) {
+    case Fetch::kPrefetch:
+      // Never synchronizes the device: memory free at once or freed behind an event (a tagged
+      // block freed by backward), waiting for that event; else clean blocks needed later.
+      mapped = pool_.map_block(addr, MapWait::kPendingFrees);
+      if (!mapped.ok && make_room(s.placed, slot) > 0) mapped = pool_.map_block(addr, MapWait::kPendingFrees);
+      break;
+    case Fetch::kNeeded:
+      mapped = pool_.map_block(addr, MapWait::kSynchronize);
+      if (!mapped.ok) {
+        reclaim_locked(s.placed, ReclaimMode::kFull, slot);
+        mapped = pool_.map_block(addr, MapWait::kSynchronize);
+      }
+      break;
   }
   if (!mapped.ok)
     return {false, "cannot bring block " + hex(s.addr) + " (" + format_size(s.placed) +
@@ -642,7 +655,7 @@ uint64_t Engine::Impl::make_room(uint64_t bytes, uint32_t except, bool window_to
   return unmapped_total_ - unmapped_before;
 }
 
-uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, bool wait, uint32_t except) {
+uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t except) {
   if (any_capturing()) return 0;
   const uint64_t unmapped_before = unmapped_total_;
   auto freed = [&] { return unmapped_total_ - unmapped_before; };
@@ -651,7 +664,7 @@ uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, bool wait, uint32_t except
   // by now (the window moved on while it was in flight).
   complete_copies(false);
   make_room(bytes, except);
-  if (!wait) return freed();
+  if (mode == ReclaimMode::kNoWait) return freed();
   // Rounds 0 and 1 spare the prefetch window; waiting for round 0's copies may land fetches
   // whose blocks are victims for round 1. Round 2 is the last resort before an out-of-memory:
   // it takes blocks kept for the prefetch window too (they come back late, as faults, but
@@ -717,7 +730,7 @@ void Engine::Impl::reset_peaks() {
 
 Engine::Engine(pool::DevicePool& pool, const EngineOptions& options)
     : impl_(std::make_unique<Impl>(pool, options)) {
-  pool.set_reclaimer([impl = impl_.get()](uint64_t bytes, bool wait) { return impl->reclaim(bytes, wait); });
+  pool.set_reclaimer([impl = impl_.get()](uint64_t bytes, ReclaimMode mode) { return impl->reclaim(bytes, mode); });
 }
 Engine::~Engine() { impl_->detach(); }
 void* Engine::allocate_tagged(size_t size, cudaStream_t stream, std::string* error) {
@@ -731,7 +744,7 @@ Status Engine::mark_cold(uint64_t h, cudaStream_t stream) { return impl_->mark_c
 Status Engine::unpack(uint64_t h, cudaStream_t stream) { return impl_->unpack(h, stream); }
 Status Engine::release(uint64_t h) { return impl_->release(h); }
 Status Engine::prefetch(uint64_t h) { return impl_->prefetch(h); }
-uint64_t Engine::reclaim(uint64_t bytes, bool wait) { return impl_->reclaim(bytes, wait); }
+uint64_t Engine::reclaim(uint64_t bytes, ReclaimMode mode) { return impl_->reclaim(bytes, mode); }
 EngineStats Engine::stats() const { return impl_->stats(); }
 void Engine::trim_host() { impl_->trim_host(); }
 std::string Engine::pressure_report() const { return impl_->pressure_report(); }

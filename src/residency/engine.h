@@ -134,10 +134,10 @@ class Engine {
   Status release(uint64_t handle);
   Status prefetch(uint64_t handle);
 
-  // Frees at least `bytes` of device memory (the pool's reclaimer): clean blocks' pages at
-  // once; then, with `wait`, evicts cold blocks, waiting for the copies. Returns the bytes
-  // freed. Thread-safe.
-  uint64_t reclaim(uint64_t bytes, bool wait = true);
+  // Frees at least `bytes` of device memory (the pool's reclaimer), as far as `mode` allows:
+  // kNoWait drops clean blocks (and starts the copies of evictable ones further away);
+  // kFull also waits for copies and starts more. Returns the bytes freed. Thread-safe.
+  uint64_t reclaim(uint64_t bytes, pool::DevicePool::ReclaimMode mode = pool::DevicePool::ReclaimMode::kFull);
 
   // The counters, after reaping the copies that have completed (so a block whose copy is
   // done counts as evicted or restored). Thread-safe.

@@ -107,6 +107,42 @@ TEST_F(Limit, CachedGranulesAreUnmappedBeforeReportingOutOfMemory) {
   deallocate(blocks[3]);
 }
 
+// The allocating stream is alive, so the blocks it freed itself can be made usable by
+// synchronizing just that stream: at the limit their granules are unmapped for the request
+// without waiting for another stream's work (a device synchronization would wait for it:
+// for an eviction engine's copy queue, for instance).
+TEST_F(Limit, OwnCachedBlocksAreRetiredWithoutWaitingForOtherStreams) {
+  const size_t g = granularity();
+  void* blocks[4] = {};
+  for (void*& b : blocks) {
+    b = allocate(g);
+    ASSERT_NE(nullptr, b);
+  }
+  deallocate(blocks[0]);
+  deallocate(blocks[2]);  // 2 granules cached under stream_'s tag, in two pieces
+  Stream other;
+  ASSERT_CUDA_OK(other.status());
+  void* p = nullptr;
+  {
+    StreamGate gate;
+    LetGoLater watchdog(gate, kHangTimeout);
+    ASSERT_CUDA_OK(gate.hold(other));  // busy until the gate opens
+    std::string error;
+    p = pool().allocate(2 * g, stream_, &error);
+    EXPECT_NE(nullptr, p) << error;
+    watchdog.finish();
+    EXPECT_FALSE(watchdog.fired()) << "the allocation waited for the other stream";
+  }
+  EXPECT_EQ(0u, stats().num_ooms);
+  EXPECT_LE(stats().reserved_bytes, kLimit);
+  if (p != nullptr) {
+    EXPECT_TRUE(round_trip(p, 2 * g, 9));
+    deallocate(p);
+  }
+  deallocate(blocks[1]);
+  deallocate(blocks[3]);
+}
+
 TEST_F(Limit, AFailedRequestLeavesTheCacheUsable) {
   void* a = allocate(4 * kMiB);
   ASSERT_NE(nullptr, a);

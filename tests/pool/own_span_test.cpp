@@ -60,13 +60,13 @@ TEST_F(OwnSpan, UnmapThenMapKeepsTheAddressAndTheSpare) {
   EXPECT_EQ(before.reserved_bytes, s.reserved_bytes) << "unmapped pages stay owned, as spare";
   EXPECT_EQ(before.allocated_bytes, s.allocated_bytes) << "the block stays live";
   EXPECT_FALSE(pool().unmap_block(p).ok) << "a second unmap is refused";
-  ASSERT_TRUE(pool().map_block(p, true).ok);
+  ASSERT_TRUE(pool().map_block(p, DevicePool::MapWait::kSynchronize).ok);
   s = pool().stats();
   EXPECT_EQ(before.mapped_bytes, s.mapped_bytes);
   EXPECT_EQ(before.reserved_bytes, s.reserved_bytes) << "spare pages were reused, none created";
   p[0] = 1;  // mapped again, read-write, at the same address
   p[2 * g - 1] = 2;
-  EXPECT_FALSE(pool().map_block(p, true).ok) << "mapping a mapped block is refused";
+  EXPECT_FALSE(pool().map_block(p, DevicePool::MapWait::kSynchronize).ok) << "mapping a mapped block is refused";
   EXPECT_TRUE(pool().deallocate(p, nullptr).ok);
 }
 
@@ -90,10 +90,10 @@ TEST_F(OwnSpan, SparePagesServeANewAllocationWithinTheLimit) {
   void* b = plain(g);
   EXPECT_NE(nullptr, b) << "a spare page of the unmapped block serves it";
   EXPECT_EQ(4 * g, pool().stats().reserved_bytes);
-  EXPECT_FALSE(pool().map_block(a, true).ok) << "only 3 spare pages are left for 4 granules";
+  EXPECT_FALSE(pool().map_block(a, DevicePool::MapWait::kSynchronize).ok) << "only 3 spare pages are left for 4 granules";
   EXPECT_TRUE(pool().deallocate(b, nullptr).ok);
   pool().empty_cache();
-  EXPECT_TRUE(pool().map_block(a, true).ok);
+  EXPECT_TRUE(pool().map_block(a, DevicePool::MapWait::kSynchronize).ok);
   EXPECT_TRUE(pool().deallocate(a, nullptr).ok);
 }
 
@@ -115,18 +115,20 @@ TEST_F(OwnSpan, TheReclaimerRunsAtTheLimitAndItsPagesAreUsed) {
   make_pool(4 * g);
   void* victim = own(4 * g);
   ASSERT_NE(nullptr, victim);
-  std::vector<bool> waits;  // the `wait` argument of each call
-  pool().set_reclaimer([&](uint64_t bytes, bool wait) -> uint64_t {
-    waits.push_back(wait);
+  using Mode = DevicePool::ReclaimMode;
+  std::vector<Mode> modes;  // of each call
+  pool().set_reclaimer([&](uint64_t bytes, Mode mode) -> uint64_t {
+    modes.push_back(mode);
     EXPECT_GE(4 * g, bytes);
     return pool().unmap_block(victim).ok ? 4 * g : 0;
   });
   void* p = plain(2 * g);
   EXPECT_NE(nullptr, p) << "the reclaimer's pages serve the allocation";
-  EXPECT_EQ(std::vector<bool>{false}, waits) << "what can be freed at once is asked for first";
+  EXPECT_EQ(std::vector<Mode>{Mode::kNoWait}, modes) << "what can be freed at once is asked for first";
   std::string error;
   EXPECT_EQ(nullptr, pool().allocate(3 * g, nullptr, &error)) << "the reclaimer has nothing more";
-  EXPECT_EQ((std::vector<bool>{false, false, true}), waits) << "then once more, allowed to wait";
+  EXPECT_EQ((std::vector<Mode>{Mode::kNoWait, Mode::kNoWait, Mode::kFull}), modes)
+      << "then once more, allowed to wait";
   EXPECT_NE(std::string::npos, error.find("out of memory")) << error;
   EXPECT_TRUE(pool().deallocate(p, nullptr).ok);
   EXPECT_TRUE(pool().deallocate(victim, nullptr).ok);
