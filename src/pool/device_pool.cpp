@@ -616,7 +616,7 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait) {
   // The pool's own measures, as for an allocation (no reclaim: the caller is the
   // reclaimer's owner), as far as `wait` allows.
   constexpr Relief kSteps[] = {Relief::kUnusedGranules, Relief::kDrainPending, Relief::kSynchronize};
-  const size_t steps = wait == MapWait::kSynchronize ? 3 : 2;
+  const size_t steps = wait == MapWait::kSynchronize ? 3 : wait == MapWait::kPendingFrees ? 2 : 1;
   for (size_t step = 0; step <= steps; ++step) {
     if (step > 0 && !relieve(kSteps[step - 1], size, kAnyStream, lock)) continue;
     if (map_range(addr, size, &why)) {

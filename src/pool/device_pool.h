@@ -120,9 +120,10 @@ class DevicePool {
   // block stays live and keeps its address. Thread-safe.
   Result unmap_block(void* ptr);
 
-  // How long map_block() may wait for memory: for the events of pending frees, or also
-  // for a device synchronization.
-  enum class MapWait { kPendingFrees, kSynchronize };
+  // How long map_block() may wait for memory: not at all (pages free now, or cached
+  // granules no block uses), for the events of pending frees, or also for a device
+  // synchronization.
+  enum class MapWait { kNone, kPendingFrees, kSynchronize };
 
   // Maps pages (spare first) under a live own-span block that unmap_block() emptied.
   // Refused, with nothing mapped, when the limit or the device does not allow it even

@@ -12,6 +12,7 @@
 #include "residency/engine.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -138,9 +139,12 @@ class Engine::Impl {
   // memory is short. kPrefetch (the window): memory free now or behind pending frees'
   // events, else clean blocks needed later; it starts evictions for next time but never
   // waits for them.
-  enum class Fetch { kNeeded, kPrefetch };
+  enum class Fetch { kNeeded, kPrefetch, kAhead };
   // Maps the block's pages again and starts the H2D copy.
   Status start_fetch(uint32_t slot, Fetch kind);
+  // With no fetch in flight: the next evicted block past the window, if memory below the
+  // soft limit is free for it now (nothing is given up or waited for). See Note [Fetch ahead].
+  void fetch_ahead();
   // Completes copies whose events completed (all of them, waiting, with `wait`).
   void complete_copies(bool wait);
   void finish(uint32_t slot);
@@ -401,6 +405,7 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
   order_.set_cursor(s->key);
   // Prefetch the window; make room for it by giving up what is needed furthest away.
   if (options_.horizon > 0 && !any_capturing()) {
+    bool fetching = false;
     for (uint32_t next : order_.window(options_.horizon)) {
       Slot& n = slots_[next];
       if (n.residency == Residency::kEvicting) {
@@ -410,6 +415,8 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
         ++st_.num_prefetches;
       }
     }
+    for (uint32_t slot : in_flight_) fetching |= slots_[slot].residency == Residency::kFetching;
+    if (!fetching) fetch_ahead();
   }
   update_peaks();
   return {};
@@ -489,12 +496,34 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
   return true;
 }
 
+// Note [Fetch ahead]
+// ------------------
+// Backward starts with the blocks saved last, which are resident; the window (the next
+// `horizon` blocks) reaches the first evicted one only later, so under heavy eviction the
+// H2D engine idled for the first part of backward while backward was freeing memory.
+// When no fetch is in flight, the nearest evicted block past the window is fetched into
+// memory that is free now, below the soft limit: one at a time, so that it keeps the copy
+// engine busy without filling memory ahead of backward's own allocations.
+void Engine::Impl::fetch_ahead() {
+  const uint64_t soft = options_.soft_limit_bytes > 0 ? options_.soft_limit_bytes : pool_.stats().limit_bytes;
+  for (uint32_t next : order_.window(INT_MAX)) {
+    Slot& n = slots_[next];
+    if (n.residency != Residency::kEvicted) continue;
+    if (pool_.stats().mapped_bytes + n.placed > soft) return;
+    if (start_fetch(next, Fetch::kAhead).ok) ++st_.num_prefetches;
+    return;
+  }
+}
+
 Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind) {
   Slot& s = slots_[slot];
   using MapWait = pool::DevicePool::MapWait;
   void* const addr = reinterpret_cast<void*>(s.addr);
   pool::Result mapped;
   switch (kind) {
+    case Fetch::kAhead:
+      mapped = pool_.map_block(addr, MapWait::kNone);
+      break;
     case Fetch::kPrefetch:
       // Never synchronizes the device: memory free at once or freed behind an event (a tagged
       // block freed by backward), waiting for that event; else clean blocks needed later.

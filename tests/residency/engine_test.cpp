@@ -258,6 +258,54 @@ TEST_F(EngineTest, AnUnpackOfACleanBlockNeedsNoFetch) {
   for (void* b : blocks) ASSERT_TRUE(engine_->free_tagged(b, stream_).ok);
 }
 
+// Note [Fetch ahead] (engine.cpp): with the window on resident blocks and no fetch in
+// flight, an unpack fetches the nearest evicted block past the window into memory that is
+// free below the soft limit, and nothing when that would pass the soft limit.
+class FetchAhead : public EngineTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(FetchAhead, FetchesTheNearestEvictedBlockPastTheWindowIntoFreeMemory) {
+  const bool room = GetParam();
+  EngineOptions options;
+  options.horizon = 1;
+  options.soft_limit_bytes = (room ? 16 : 14) * kMiB;
+  start(32 * kMiB, options);
+  engine_->graph_begin();
+  std::vector<void*> blocks;  // a, b, c, d, e: backward needs e first
+  std::vector<uint64_t> handles;
+  for (int i = 0; i < 5; ++i) {
+    blocks.push_back(tagged(uint8_t(60 + i)));
+    handles.push_back(pack_cold(blocks.back()));
+  }
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_EQ(8 * kMiB, engine_->reclaim(8 * kMiB)) << "a and b leave the device";
+  EngineStats s = stats();
+  ASSERT_EQ(8 * kMiB, s.evicted_bytes);
+  ASSERT_EQ(12 * kMiB, s.resident_bytes);
+  const uint64_t prefetches = s.num_prefetches;
+  ASSERT_TRUE(engine_->unpack(handles[4], stream_).ok);  // e; the window is d, resident
+  s = stats();
+  if (room) {
+    EXPECT_EQ(prefetches + 1, s.num_prefetches) << "b, past the window (c is resident)";
+    EXPECT_EQ(16 * kMiB, s.resident_bytes);
+  } else {
+    EXPECT_EQ(prefetches, s.num_prefetches) << "b would pass the soft limit";
+    EXPECT_EQ(12 * kMiB, s.resident_bytes);
+  }
+  for (int i = 4; i >= 0; --i) {
+    if (i < 4) {
+      ASSERT_TRUE(engine_->unpack(handles[size_t(i)], stream_).ok);
+    }
+    EXPECT_TRUE(holds(blocks[size_t(i)], uint8_t(60 + i)));
+    ASSERT_TRUE(engine_->release(handles[size_t(i)]).ok);
+    ASSERT_TRUE(engine_->free_tagged(blocks[size_t(i)], stream_).ok);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SoftLimit, FetchAhead, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? std::string("RoomBelowIt") : std::string("NoRoomBelowIt");
+                         });
+
 TEST_F(EngineTest, VerifyFindsNothingWrongWithAnHonestRoundTrip) {
   EngineOptions options;
   options.verify = true;
