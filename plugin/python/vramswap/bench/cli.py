@@ -306,10 +306,10 @@ def _must_show(done):
         why.append(
             "- The ideal bound counts a phase's D2H and H2D copies as overlapping. Under heavy pressure the "
             "forward is D2H-bound, and at the forward-to-backward junction backward's first allocations (the "
-            "loss gradients) need evictions before any prefetch has room, so for that stretch one direction "
-            "idles (see the copy timeline of the featured run). Evictions that backward's allocations need at "
-            "once are made while the host waits, and the GPU runs dry meanwhile; the soft limit (background "
-            "eviction during the forward) decides how much of that is left to backward.")
+            "loss gradients: 1.6 GB of fp32 logits gradient with a 50257-token vocabulary) need evictions "
+            "before any fetch has room, so for that stretch the H2D engine idles while the host waits for "
+            "D2H copies (see the copy timeline of the featured run); the soft limit (background copies during "
+            "the forward) decides how much of that is left to backward.")
     if "less PCIe traffic than offload_all: **does not hold**" in text:
         why.append(
             "- Where the traffic saving falls short, the scenario's notes give the arithmetic bound: at 50%, "
