@@ -98,7 +98,7 @@ SIZES = {
 }
 # Offload limits, in % of the vramswap mode's peak reserved bytes.
 DEFAULT_PERCENTS = {"gpu": "80,60", "cpu_sim": "80,60"}
-VRAMSWAP_COUNTERS = ("num_evictions", "num_prefetches", "num_faults", "num_late_prefetches",
+VRAMSWAP_COUNTERS = ("num_evictions", "num_prefetches", "num_faults", "num_late_prefetches", "num_clean_reuses",
                      "bytes_evicted_total", "bytes_prefetched_total", "num_ooms")
 PASSED_ENV = ("VRAMSWAP_LIBRARY", "VRAMSWAP_CUDASIM_DIR", "VRAMSWAP_CACHE_DIR",
               "VRAMSWAP_TORCH_EXT", "VRAMSWAP_TORCH_EXT_CUDA", "VRAMSWAP_LOG")

@@ -204,7 +204,7 @@ def run_cases(script, cases, limit_percent):
         print(f"== {case}: peak_reserved without offload {peak_bytes / MIB:.1f} MiB, limit {limit / MIB:.0f} MiB "
               f"({limit_percent[case]}%), with offload {s['peak_reserved_bytes'] / MIB:.1f} MiB")
         print("     stats: " + ", ".join(f"{k}={s[k]}" for k in (
-            "num_evictions", "num_prefetches", "num_faults", "num_late_prefetches",
+            "num_evictions", "num_prefetches", "num_faults", "num_late_prefetches", "num_clean_reuses",
             "bytes_evicted_total", "bytes_prefetched_total", "num_ooms", "num_tracked_blocks")))
         print(f"     tracker: {info['tracker']}")
         check(peak[case][1]["allocs_for_3_tensors"] >= 3,
