@@ -53,7 +53,13 @@ bool synchronize_stream(cudaStream_t stream) {
   } catch (const CudaError&) {
     return false;
   }
-  if (cudaStreamSynchronize(stream) == cudaSuccess) return true;
+  // Relaxed, as for a device synchronization: in the global mode a synchronization while
+  // another thread captures would invalidate that capture.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  const cudaError_t status = cudaStreamSynchronize(stream);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  if (status == cudaSuccess) return true;
   cudaGetLastError();
   return false;
 }

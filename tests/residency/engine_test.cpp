@@ -258,6 +258,37 @@ TEST_F(EngineTest, AnUnpackOfACleanBlockNeedsNoFetch) {
   for (void* b : blocks) ASSERT_TRUE(engine_->free_tagged(b, stream_).ok);
 }
 
+// A clean block that backward never unpacks, or that the program frees, gives its host
+// copy back; the device copy stays valid.
+TEST_F(EngineTest, ACleanBlockReleasedOrFreedGivesItsHostCopyBack) {
+  EngineOptions options;
+  options.soft_limit_bytes = 4 * kMiB;
+  options.horizon = 0;
+  start(32 * kMiB, options);
+  engine_->graph_begin();
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  for (int i = 0; i < 3; ++i) {
+    blocks.push_back(tagged(uint8_t(i + 90)));
+    handles.push_back(pack_cold(blocks.back()));
+  }
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  EngineStats s = stats();
+  ASSERT_EQ(8 * kMiB, s.clean_bytes) << "blocks 0 and 1";
+  ASSERT_GE(s.host_bytes, 8 * kMiB);
+  ASSERT_TRUE(engine_->release(handles[1]).ok) << "released without an unpack";
+  EXPECT_TRUE(holds(blocks[1], 91));
+  ASSERT_TRUE(engine_->free_tagged(blocks[0], stream_).ok) << "freed while clean";
+  s = stats();
+  EXPECT_EQ(0u, s.clean_bytes);
+  EXPECT_EQ(0u, s.host_bytes);
+  EXPECT_EQ(0u, s.bytes_prefetched_total);
+  EXPECT_EQ(0u, s.num_clean_reuses) << "neither was unpacked";
+  ASSERT_TRUE(engine_->release(handles[2]).ok);
+  ASSERT_TRUE(engine_->free_tagged(blocks[1], stream_).ok);
+  ASSERT_TRUE(engine_->free_tagged(blocks[2], stream_).ok);
+}
+
 // Note [Fetch ahead] (engine.cpp): with the window on resident blocks and no fetch in
 // flight, an unpack fetches the nearest evicted block past the window into memory that is
 // free below the soft limit, and nothing when that would pass the soft limit.
