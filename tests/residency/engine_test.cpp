@@ -228,17 +228,9 @@ TEST_F(EngineTest, SoftLimitEvictsWithoutAnAllocationWaiting) {
 }
 
 TEST_F(EngineTest, AnUnpackOfACleanBlockNeedsNoFetch) {
-  EngineOptions options;
-  options.soft_limit_bytes = 4 * kMiB;
-  options.horizon = 0;
-  start(32 * kMiB, options);
+  start_soft(32 * kMiB, 4 * kMiB, 0);
   engine_->graph_begin();
-  std::vector<void*> blocks;
-  std::vector<uint64_t> handles;
-  for (int i = 0; i < 3; ++i) {
-    blocks.push_back(tagged(uint8_t(i + 40)));
-    handles.push_back(pack_cold(blocks.back()));
-  }
+  const auto [blocks, handles] = save_cold(3, 40);
   ASSERT_CUDA_OK(cudaDeviceSynchronize());  // the copies out land
   EngineStats s = stats();
   ASSERT_EQ(2u, s.num_evictions) << "the two needed furthest away, down to the soft limit";
@@ -261,17 +253,9 @@ TEST_F(EngineTest, AnUnpackOfACleanBlockNeedsNoFetch) {
 // A clean block that backward never unpacks, or that the program frees, gives its host
 // copy back; the device copy stays valid.
 TEST_F(EngineTest, ACleanBlockReleasedOrFreedGivesItsHostCopyBack) {
-  EngineOptions options;
-  options.soft_limit_bytes = 4 * kMiB;
-  options.horizon = 0;
-  start(32 * kMiB, options);
+  start_soft(32 * kMiB, 4 * kMiB, 0);
   engine_->graph_begin();
-  std::vector<void*> blocks;
-  std::vector<uint64_t> handles;
-  for (int i = 0; i < 3; ++i) {
-    blocks.push_back(tagged(uint8_t(i + 90)));
-    handles.push_back(pack_cold(blocks.back()));
-  }
+  const auto [blocks, handles] = save_cold(3, 90);
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
   EngineStats s = stats();
   ASSERT_EQ(8 * kMiB, s.clean_bytes) << "blocks 0 and 1";
@@ -296,17 +280,9 @@ class FetchAhead : public EngineTest, public ::testing::WithParamInterface<bool>
 
 TEST_P(FetchAhead, FetchesTheNearestEvictedBlockPastTheWindowIntoFreeMemory) {
   const bool room = GetParam();
-  EngineOptions options;
-  options.horizon = 1;
-  options.soft_limit_bytes = (room ? 16 : 14) * kMiB;
-  start(32 * kMiB, options);
+  start_soft(32 * kMiB, (room ? 16 : 14) * kMiB, 1);
   engine_->graph_begin();
-  std::vector<void*> blocks;  // a, b, c, d, e: backward needs e first
-  std::vector<uint64_t> handles;
-  for (int i = 0; i < 5; ++i) {
-    blocks.push_back(tagged(uint8_t(60 + i)));
-    handles.push_back(pack_cold(blocks.back()));
-  }
+  const auto [blocks, handles] = save_cold(5, 60);  // a, b, c, d, e: backward needs e first
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
   ASSERT_EQ(8 * kMiB, engine_->reclaim(8 * kMiB)) << "a and b leave the device";
   EngineStats s = stats();

@@ -77,6 +77,27 @@ class EngineFixture : public ::testing::Test {
     EXPECT_TRUE(engine_->mark_cold(h, stream_).ok);
     return h;
   }
+  // A forward saving `n` tagged blocks one after another: block i filled with the pattern of
+  // seed + i, packed and marked cold.
+  struct Saved {
+    std::vector<void*> blocks;
+    std::vector<uint64_t> handles;
+  };
+  Saved save_cold(int n, uint8_t seed) {
+    Saved saved;
+    for (int i = 0; i < n; ++i) {
+      saved.blocks.push_back(tagged(uint8_t(seed + i)));
+      saved.handles.push_back(pack_cold(saved.blocks.back()));
+    }
+    return saved;
+  }
+  // A pool of `limit` bytes whose engine copies cold blocks out past `soft` bytes.
+  void start_soft(uint64_t limit, uint64_t soft, int horizon) {
+    EngineOptions options;
+    options.soft_limit_bytes = soft;
+    options.horizon = horizon;
+    start(limit, options);
+  }
   EngineStats stats() { return engine_->stats(); }
 
   std::unique_ptr<DevicePool> pool_;

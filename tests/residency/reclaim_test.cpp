@@ -209,15 +209,12 @@ TEST_F(ReclaimTest, AFetchStillInFlightWhenTheWindowMovesOnIsAVictimOnceItLands)
 // allocation needs them: with the compute stream held, an allocation past the limit
 // succeeds, so nothing waited for the device or for a copy; the block comes back intact.
 TEST_F(ReclaimTest, CleanBlocksAreGivenUpWithoutWaiting) {
-  EngineOptions options;
-  options.soft_limit_bytes = 4 * kMiB;
-  options.horizon = 0;
-  start(16 * kMiB, options);
+  start_soft(16 * kMiB, 4 * kMiB, 0);
   engine_->graph_begin();
-  void* a = tagged(1);
-  const uint64_t ha = pack_cold(a);
-  void* b = tagged(2);
-  const uint64_t hb = pack_cold(b);
+  const Saved saved = save_cold(2, 1);
+  void* a = saved.blocks[0];
+  void* b = saved.blocks[1];
+  const uint64_t ha = saved.handles[0], hb = saved.handles[1];
   void* c = tagged(3);
   const uint64_t hc = engine_->pack(c, stream_);  // not cold: the forward still uses it
   ASSERT_NE(0u, hc);
