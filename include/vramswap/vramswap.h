@@ -136,7 +136,8 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * (cold and resident), clean_bytes (copied to the host and still mapped: given up at once
  * when memory is needed), evicted_bytes (on the host only), in_flight_bytes (being copied
  * either way), host_bytes (pinned host memory in use), peak_host_bytes,
- * bytes_evicted_total, bytes_prefetched_total, num_evictions, num_prefetches, num_faults
+ * bytes_evicted_total, bytes_prefetched_total, num_evictions (copies to the host that
+ * completed; a block's pages go only when memory is needed), num_prefetches, num_faults
  * (unpack found the block on the host with no copy under way), num_late_prefetches (unpack
  * found its copy still in flight), num_clean_reuses (unpack found a clean block: no copy
  * back was needed), num_verify_failures (VRAMSWAP_VERIFY), tagged_waste_bytes
