@@ -138,7 +138,7 @@ class Engine::Impl {
   // How a fetch finds memory. kNeeded (a fault, a release): evicts others, waiting, when
   // memory is short. kPrefetch (the window): memory free now or behind pending frees'
   // events, else clean blocks needed later; it starts evictions for next time but never
-  // waits for them.
+  // waits for them. kAhead (past the window): memory free now only; nothing is given up.
   enum class Fetch { kNeeded, kPrefetch, kAhead };
   // Maps the block's pages again and starts the H2D copy.
   Status start_fetch(uint32_t slot, Fetch kind);
@@ -148,6 +148,15 @@ class Engine::Impl {
   // Completes copies whose events completed (all of them, waiting, with `wait`).
   void complete_copies(bool wait);
   void finish(uint32_t slot);
+  // The bytes of the copies under way in one direction (kEvicting: those not cancelled).
+  uint64_t in_flight_bytes(Residency direction) const {
+    uint64_t n = 0;
+    for (uint32_t slot : in_flight_) {
+      const Slot& s = slots_[slot];
+      if (s.residency == direction && !(direction == Residency::kEvicting && s.cancel)) n += s.placed;
+    }
+    return n;
+  }
   // A clean block becomes plainly resident: its host copy is not needed any more.
   void forget_host_copy(Slot& s) {
     host_.free(s.host);
@@ -272,8 +281,7 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
     case Residency::kResident:
       break;
     case Residency::kClean:
-      host_.free(s.host);
-      st_.clean_bytes -= s.placed;
+      forget_host_copy(s);
       break;
     case Residency::kEvicted:
       host_.free(s.host);
@@ -405,7 +413,6 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
   order_.set_cursor(s->key);
   // Prefetch the window; make room for it by giving up what is needed furthest away.
   if (options_.horizon > 0 && !any_capturing()) {
-    bool fetching = false;
     for (uint32_t next : order_.window(options_.horizon)) {
       Slot& n = slots_[next];
       if (n.residency == Residency::kEvicting) {
@@ -415,8 +422,7 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
         ++st_.num_prefetches;
       }
     }
-    for (uint32_t slot : in_flight_) fetching |= slots_[slot].residency == Residency::kFetching;
-    if (!fetching) fetch_ahead();
+    if (in_flight_bytes(Residency::kFetching) == 0) fetch_ahead();
   }
   update_peaks();
   return {};
@@ -664,9 +670,7 @@ uint64_t Engine::Impl::drop_clean(uint64_t bytes, uint32_t except, bool window_t
 
 uint64_t Engine::Impl::make_room(uint64_t bytes, uint32_t except, bool window_too) {
   const std::set<uint32_t> window = window_too ? std::set<uint32_t>() : window_set();
-  uint64_t covered = 0;  // evictions already in flight free their pages too
-  for (uint32_t slot : in_flight_)
-    if (slots_[slot].residency == Residency::kEvicting && !slots_[slot].cancel) covered += slots_[slot].placed;
+  uint64_t covered = in_flight_bytes(Residency::kEvicting);  // evictions under way free pages too
   const uint64_t unmapped_before = unmapped_total_;
   for (uint32_t slot : order_.furthest_first()) {
     if (covered >= bytes) break;
@@ -715,10 +719,9 @@ uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t
 void Engine::Impl::maybe_soft_evict() {
   if (options_.soft_limit_bytes == 0) return;
   // Clean blocks count as gone: their pages are given up at once when memory is needed.
-  const uint64_t resident = pool_.stats().mapped_bytes - std::min(pool_.stats().mapped_bytes, st_.clean_bytes);
-  uint64_t leaving = 0;
-  for (uint32_t slot : in_flight_)
-    if (slots_[slot].residency == Residency::kEvicting && !slots_[slot].cancel) leaving += slots_[slot].placed;
+  const uint64_t mapped = pool_.stats().mapped_bytes;
+  const uint64_t resident = mapped - std::min(mapped, st_.clean_bytes);
+  const uint64_t leaving = in_flight_bytes(Residency::kEvicting);
   if (resident <= options_.soft_limit_bytes + leaving) return;
   if (any_capturing()) return;
   start_victims(resident - options_.soft_limit_bytes - leaving, UINT32_MAX);
@@ -732,9 +735,8 @@ std::string Engine::Impl::pressure_report() {
   return "Offload: " + format_size(tagged_resident) + " tagged and resident, " + format_size(untagged) +
          " untagged, " + format_size(s.evictable_bytes) + " evictable (cold, outside the prefetch window of " +
          std::to_string(options_.horizon) + "), " + format_size(s.clean_bytes) + " copied out but still mapped, " +
-         format_size(s.in_flight_bytes) + " in flight, " +
-         format_size(s.evicted_bytes) + " on the host; host tier " + format_size(s.host_bytes) + " used of " +
-         format_size(host_.limit_bytes()) + ".";
+         format_size(s.in_flight_bytes) + " in flight, " + format_size(s.evicted_bytes) + " on the host; host tier " +
+         format_size(s.host_bytes) + " used of " + format_size(host_.limit_bytes()) + ".";
 }
 
 EngineStats Engine::Impl::stats() {
