@@ -132,9 +132,10 @@ class DevicePool::Impl {
   // The common slow path of allocate() and allocate_own_span().
   void* allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool own_span,
                       std::unique_lock<std::mutex>& lock, std::string* error);
-  // Maps every unmapped granule under [addr, addr+size). False (with *why), and nothing
-  // newly mapped, when the limit would be passed or the device is full.
-  bool map_range(uintptr_t addr, uint64_t size, std::string* why);
+  // Maps every unmapped granule under [addr, addr+size). False (with *why, and *lacking:
+  // the bytes missing, all the new ones when the device is full), and nothing newly
+  // mapped, when the limit would be passed or the device is full.
+  bool map_range(uintptr_t addr, uint64_t size, std::string* why, uint64_t* lacking);
   // Unmaps granules that no live, pending or stream-tagged free block touches; their pages
   // become spare (still owned, mapped again before any new page is created).
   void unmap_unused();
@@ -216,9 +217,6 @@ class DevicePool::Impl {
   uint64_t mapped_ = 0;                      // bytes of mapped granules
   uint64_t peak_mapped_ = 0;
   Reclaimer reclaimer_;
-  // What the last refused mapping lacked (bytes): what the reclaimer is asked for, so that it
-  // gives up no more than needed (each block it gives up must come back later).
-  uint64_t shortfall_ = 0;
 
   uint64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   uint64_t num_allocs_ = 0, num_frees_ = 0, num_cache_hits_ = 0, num_ooms_ = 0;
@@ -260,7 +258,7 @@ DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t
   return best;
 }
 
-bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why) {
+bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why, uint64_t* lacking) {
   const uint64_t first = granule_index(addr), last = granule_index(addr + size - 1);
   uint64_t missing = 0;
   for (uint64_t g = first; g <= last; ++g) missing += granules_[g].mapping ? 0 : 1;
@@ -268,7 +266,7 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
   const uint64_t created = missing > spare_.size() ? missing - spare_.size() : 0;
   if (reserved_ + created * granularity_ > limit_) {  // refuse before mapping anything
     *why = "the limit";
-    shortfall_ = reserved_ + created * granularity_ - limit_;
+    *lacking = reserved_ + created * granularity_ - limit_;
     return false;
   }
   cuda::ContextScope scope(device_);
@@ -310,7 +308,7 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
       }
       if (!e.out_of_memory()) throw;
       *why = "the device's free memory";
-      shortfall_ = created * granularity_;  // how much the device lacks is not known
+      *lacking = created * granularity_;  // how much the device lacks is not known
       return false;
     }
   }
@@ -440,7 +438,6 @@ void DevicePool::Impl::drain_pending(std::unique_lock<std::mutex>& lock) {
 
 bool DevicePool::Impl::call_reclaimer(uint64_t bytes, ReclaimMode mode, std::unique_lock<std::mutex>& lock) {
   if (!reclaimer_) return false;
-  if (shortfall_ > 0) bytes = std::min(bytes, shortfall_);
   Reclaimer reclaim = reclaimer_;
   lock.unlock();
   const uint64_t freed = reclaim(bytes, mode);
@@ -569,11 +566,13 @@ void* DevicePool::Impl::allocate_own_span(size_t size, cudaStream_t stream, std:
 void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool own_span,
                                       std::unique_lock<std::mutex>& lock, std::string* error) {
   std::string why;
-  shortfall_ = 0;
+  // What the reclaimer is asked for: what the last refused mapping lacked, so that it gives
+  // up no more than needed (every block it gives up must come back later).
+  uint64_t lacking = rounded;
   constexpr Relief kSteps[] = {Relief::kUnusedGranules,     Relief::kReclaimNoWait,   Relief::kDrainPending,
                                Relief::kSynchronizeStream, Relief::kSynchronize, Relief::kReclaim};
   for (size_t step = 0; step <= std::size(kSteps); ++step) {
-    if (step > 0 && !relieve(kSteps[step - 1], rounded, stream, lock)) continue;
+    if (step > 0 && !relieve(kSteps[step - 1], lacking, stream, lock)) continue;
     BlockIt b = find_fit(rounded, stream, own_span);
     if (b == blocks_.end()) {
       why = "the pool's address range";
@@ -581,7 +580,7 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
     }
     const uintptr_t start = own_span ? round_up(b->first, granularity_) : b->first;
     const uint64_t reserved_before = reserved_;
-    if (!map_range(start, rounded, &why)) continue;
+    if (!map_range(start, rounded, &why, &lacking)) continue;
     return take(b, rounded, stream, own_span, reserved_ != reserved_before);
   }
   ++num_ooms_;
@@ -619,7 +618,8 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait) {
   const size_t steps = wait == MapWait::kSynchronize ? 3 : wait == MapWait::kPendingFrees ? 2 : 1;
   for (size_t step = 0; step <= steps; ++step) {
     if (step > 0 && !relieve(kSteps[step - 1], size, kAnyStream, lock)) continue;
-    if (map_range(addr, size, &why)) {
+    uint64_t lacking = 0;
+    if (map_range(addr, size, &why, &lacking)) {
       blocks_.at(addr).unmapped = false;
       return {};
     }
