@@ -143,6 +143,28 @@ TEST_F(Limit, OwnCachedBlocksAreRetiredWithoutWaitingForOtherStreams) {
   deallocate(blocks[3]);
 }
 
+// The same request while the stream is capturing a CUDA graph: synchronizing it would
+// invalidate the capture, so the pool does not; the capture ends with a graph.
+TEST_F(Limit, OwnCachedBlocksAreNotRetiredBySynchronizingACapturingStream) {
+  const size_t g = granularity();
+  void* blocks[4] = {};
+  for (void*& b : blocks) {
+    b = allocate(g);
+    ASSERT_NE(nullptr, b);
+  }
+  deallocate(blocks[0]);
+  deallocate(blocks[2]);
+  ASSERT_CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+  std::string error;
+  void* p = pool().allocate(2 * g, stream_, &error);
+  cudaGraph_t graph = nullptr;
+  EXPECT_CUDA_OK(cudaStreamEndCapture(stream_, &graph)) << "the capture was broken";
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (p != nullptr) deallocate(p);
+  deallocate(blocks[1]);
+  deallocate(blocks[3]);
+}
+
 TEST_F(Limit, AFailedRequestLeavesTheCacheUsable) {
   void* a = allocate(4 * kMiB);
   ASSERT_NE(nullptr, a);
