@@ -51,12 +51,21 @@ class UseOrder {
     return out;
   }
 
-  // Every slot, the one needed furthest in the future first (Belady's victim order).
-  std::vector<uint32_t> furthest_first() const {
-    std::vector<uint32_t> out;
-    out.reserve(order_.size());
-    for (auto it = order_.rbegin(); it != order_.rend(); ++it) out.push_back(it->slot);
-    return out;
+  // Calls `f(slot)` for the slots after the cursor, the next one needed first, until `f`
+  // returns false. `f` must not insert or erase.
+  template <class F>
+  void each_after_cursor(F f) const {
+    auto it = has_cursor_ ? order_.upper_bound({cursor_, UINT32_MAX}) : order_.begin();
+    for (; it != order_.end(); ++it)
+      if (!f(it->slot)) return;
+  }
+
+  // Calls `f(slot)` for every slot, the one needed furthest in the future first (Belady's
+  // victim order), until `f` returns false. `f` must not insert or erase.
+  template <class F>
+  void each_furthest_first(F f) const {
+    for (auto it = order_.rbegin(); it != order_.rend(); ++it)
+      if (!f(it->slot)) return;
   }
 
  private:

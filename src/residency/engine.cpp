@@ -12,7 +12,6 @@
 #include "residency/engine.h"
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -512,13 +511,12 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
 // engine busy without filling memory ahead of backward's own allocations.
 void Engine::Impl::fetch_ahead() {
   const uint64_t soft = options_.soft_limit_bytes > 0 ? options_.soft_limit_bytes : pool_.stats().limit_bytes;
-  for (uint32_t next : order_.window(INT_MAX)) {
-    Slot& n = slots_[next];
-    if (n.residency != Residency::kEvicted) continue;
-    if (pool_.stats().mapped_bytes + n.placed > soft) return;
-    if (start_fetch(next, Fetch::kAhead).ok) ++st_.num_prefetches;
-    return;
-  }
+  order_.each_after_cursor([&](uint32_t next) {
+    const Slot& n = slots_[next];
+    if (n.residency != Residency::kEvicted) return true;
+    if (pool_.stats().mapped_bytes + n.placed <= soft && start_fetch(next, Fetch::kAhead).ok) ++st_.num_prefetches;
+    return false;
+  });
 }
 
 Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind) {
@@ -636,12 +634,13 @@ void Engine::Impl::drop_deferred(bool wait) {
 uint64_t Engine::Impl::start_victims(uint64_t bytes, uint32_t except, bool window_too) {
   const std::set<uint32_t> window = window_too ? std::set<uint32_t>() : window_set();
   uint64_t started = 0;
-  for (uint32_t slot : order_.furthest_first()) {
-    if (started >= bytes) break;
-    if (slot == except || !evictable(slot, window)) continue;
-    if (!start_eviction(slot)) break;  // the host tier is full
+  order_.each_furthest_first([&](uint32_t slot) {
+    if (started >= bytes) return false;
+    if (slot == except || !evictable(slot, window)) return true;
+    if (!start_eviction(slot)) return false;  // the host tier is full
     started += slots_[slot].placed;
-  }
+    return true;
+  });
   return started;
 }
 
@@ -659,12 +658,13 @@ uint64_t Engine::Impl::drop_clean(uint64_t bytes, uint32_t except, bool window_t
   if (st_.clean_bytes == 0) return 0;
   const std::set<uint32_t> window = window_too ? std::set<uint32_t>() : window_set();
   uint64_t dropped = 0;
-  for (uint32_t slot : order_.furthest_first()) {
-    if (dropped >= bytes) break;
-    if (slot == except || slots_[slot].residency != Residency::kClean || window.count(slot)) continue;
+  order_.each_furthest_first([&](uint32_t slot) {
+    if (dropped >= bytes) return false;
+    if (slot == except || slots_[slot].residency != Residency::kClean || window.count(slot)) return true;
     drop(slot);
     dropped += slots_[slot].placed;
-  }
+    return true;
+  });
   return dropped;
 }
 
@@ -672,19 +672,18 @@ uint64_t Engine::Impl::make_room(uint64_t bytes, uint32_t except, bool window_to
   const std::set<uint32_t> window = window_too ? std::set<uint32_t>() : window_set();
   uint64_t covered = in_flight_bytes(Residency::kEvicting);  // evictions under way free pages too
   const uint64_t unmapped_before = unmapped_total_;
-  for (uint32_t slot : order_.furthest_first()) {
-    if (covered >= bytes) break;
-    if (slot == except) continue;
+  order_.each_furthest_first([&](uint32_t slot) {
+    if (covered >= bytes) return false;
+    if (slot == except) return true;
     Slot& s = slots_[slot];
     if (s.residency == Residency::kClean && !window.count(slot)) {
       drop(slot);
-    } else if (evictable(slot, window)) {
-      if (!start_eviction(slot)) continue;  // the host tier is full: only clean blocks help
-    } else {
-      continue;
+    } else if (!evictable(slot, window) || !start_eviction(slot)) {
+      return true;  // not a victim, or the host tier is full: only clean blocks help
     }
     covered += s.placed;
-  }
+    return true;
+  });
   return unmapped_total_ - unmapped_before;
 }
 
