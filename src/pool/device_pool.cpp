@@ -156,9 +156,10 @@ class DevicePool::Impl {
   bool synchronize_and_retire(std::unique_lock<std::mutex>& lock, cudaStream_t only);
   // Merges every quick-listed block into the free index (slow paths need the whole picture).
   void flush_quick();
-  // The live block starting at `ptr`, or end() with *refusal saying why not (foreign,
-  // double free, interior pointer).
-  BlockIt live_block_for_free(void* ptr, Result* refusal);
+  // Starts freeing the live block starting at `ptr`: end() with *refusal saying why not
+  // (foreign, double free, interior pointer), else the block, counted as freed, with
+  // *others the streams besides `stream` that used it.
+  BlockIt begin_free(void* ptr, cudaStream_t stream, Result* refusal, std::vector<cudaStream_t>* others);
   // The streams besides `except` that used a live block (allocation and record_stream's).
   static std::vector<cudaStream_t> users_besides(const Block& block, cudaStream_t except);
   // Makes a freed block pending behind events recorded now on `streams`; it becomes free
@@ -627,9 +628,15 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait) {
   return {false, "map of " + pointer_name(ptr) + " (" + format_size(size) + "): refused by " + why};
 }
 
-DevicePool::Impl::BlockIt DevicePool::Impl::live_block_for_free(void* ptr, Result* refusal) {
+DevicePool::Impl::BlockIt DevicePool::Impl::begin_free(void* ptr, cudaStream_t stream, Result* refusal,
+                                                        std::vector<cudaStream_t>* others) {
   auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (b != blocks_.end() && b->second.state == State::kLive) return b;
+  if (b != blocks_.end() && b->second.state == State::kLive) {
+    *others = users_besides(b->second, stream);
+    allocated_ -= b->second.size;
+    ++num_frees_;
+    return b;
+  }
   if (!owns(ptr)) *refusal = {false, "free of " + pointer_name(ptr) + ": not a pointer vramswap allocated"};
   else if (b != blocks_.end()) *refusal = {false, "free of " + pointer_name(ptr) + ": already freed (double free)"};
   else
@@ -662,16 +669,14 @@ void DevicePool::Impl::hold_back(BlockIt b, const std::vector<cudaStream_t>& str
 Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) {
   if (!ptr) return {};
   std::lock_guard lock(mu_);
-  Result refusal;
-  BlockIt b = live_block_for_free(ptr, &refusal);
-  if (b == blocks_.end()) return refusal;
-  Block& block = b->second;
   // Work queued before the free on every stream that used the block must finish before
   // another stream reuses it. The freeing stream orders reuse on itself; any other stream
   // that used the block (the allocation stream, record_stream's) gets an event now.
-  const std::vector<cudaStream_t> others = users_besides(block, stream);
-  allocated_ -= block.size;
-  ++num_frees_;
+  Result refusal;
+  std::vector<cudaStream_t> others;
+  BlockIt b = begin_free(ptr, stream, &refusal, &others);
+  if (b == blocks_.end()) return refusal;
+  Block& block = b->second;
   if (!others.empty()) {
     hold_back(b, others, stream);
   } else if (auto& list = quick_[{stream, block.size}]; !block.own_span && list.size() < kQuickPerSize) {
@@ -690,11 +695,9 @@ Result DevicePool::Impl::deallocate_to_any(void* ptr, cudaStream_t stream) {
   if (!ptr) return {};
   std::lock_guard lock(mu_);
   Result refusal;
-  BlockIt b = live_block_for_free(ptr, &refusal);
+  std::vector<cudaStream_t> streams;
+  BlockIt b = begin_free(ptr, stream, &refusal, &streams);
   if (b == blocks_.end()) return refusal;
-  std::vector<cudaStream_t> streams = users_besides(b->second, stream);
-  allocated_ -= b->second.size;
-  ++num_frees_;
   if (!streams.empty()) {  // other streams used it: behind all their events, then any stream
     streams.push_back(stream);
     hold_back(b, streams, kAnyStream);
