@@ -39,7 +39,7 @@ Winograd variants), so no size here would be justified; the vDNN paper's "28 GB 
 Optimizer: SGD with momentum (the torchvision ImageNet recipe), fused: one momentum buffer
 per parameter, live from the start with the parameters and their gradients; no temporaries.
 
-Compute model (gpt.py's roofline, per kernel ns = max(flops / tflops, bytes / hbm_gbps)):
+Compute model (builder.py's roofline, per kernel ns = max(flops / tflops, bytes / hbm_gbps)):
 conv FLOPs 2 * B * H * W * Cout * Cin * 9 forward, twice that backward (conv1_1 computes no
 input grad: the images need none). Defaults are the card vDNN used, a GeForce GTX Titan X
 (Maxwell GM200, 12 GB):
@@ -48,7 +48,7 @@ input grad: the images need none). Defaults are the card vDNN used, a GeForce GT
                   spec sheets of March 2015. A nominal peak: cuDNN reaches less, so compute
                   times are optimistic.
   hbm_gbps 336.5 = 384-bit GDDR5 at 7 Gbps (same spec sheets); the parameter keeps the
-                  HBM name of gpt.py although the card has GDDR5.
+                  HBM name of builder.py although the card has GDDR5.
   meta["pcie_gbps"] 12: PCIe 3.0 x16 (15.75 GB/s raw); pinned host-to-device copies reach
                   about 11-12 GB/s on a Titan X (NVIDIA developer forum, "How to Optimize
                   Data Transfers in CUDA C/C++", a reader's measurement of 11 GB/s).
@@ -59,7 +59,7 @@ Thread safety: generate() builds fresh objects on the calling thread; nothing is
 import argparse
 import sys
 
-from .gpt import StepBuilder, describe, kDtypeBytes, kIndexBytes
+from .builder import StepBuilder, describe, kDtypeBytes, kIndexBytes
 from .workload import PHASES
 
 kTitanXTflops = 6.1        # fp32 peak at the base clock (see the module docstring)
