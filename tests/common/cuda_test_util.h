@@ -154,6 +154,48 @@ class StreamGate {
   std::chrono::milliseconds hang_timeout_;
 };
 
+// Opens a StreamGate from another thread once `delay` has passed (fired() then says so), and
+// with OnStop::kOpen also when stop() comes first. Two uses: a watchdog (kLeaveClosed) frees
+// a stream a wrong implementation blocks on, so that the case fails instead of hanging; a
+// delayed release (kOpen) lets a call that must wait for the stream finish, while one that
+// must not wait is held for `delay` at most. Declare it after the gate; stop() (or the
+// destructor) joins the thread.
+class GateTimer {
+ public:
+  enum class OnStop { kLeaveClosed, kOpen };
+  GateTimer(StreamGate& gate, std::chrono::milliseconds delay, OnStop on_stop)
+      : thread_([this, &gate, delay, on_stop] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (!stop_.wait_for(lock, delay, [this] { return stopped_; })) fired_ = true;
+          const bool open = fired_ || on_stop == OnStop::kOpen;
+          lock.unlock();
+          if (open) gate.open();
+        }) {}
+  ~GateTimer() { stop(); }
+  GateTimer(const GateTimer&) = delete;
+  GateTimer& operator=(const GateTimer&) = delete;
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopped_ = true;
+    }
+    stop_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  bool fired() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return fired_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable stop_;
+  bool stopped_ = false;
+  bool fired_ = false;
+  std::thread thread_;
+};
+
 }  // namespace cuda_test
 
 #endif  // VRAMSWAP_TESTS_COMMON_CUDA_TEST_UTIL_H

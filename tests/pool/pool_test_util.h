@@ -200,43 +200,15 @@ class StreamGate : public cuda_test::StreamGate {
   StreamGate() : cuda_test::StreamGate(kHangTimeout) {}
 };
 
-// Opens `gate` from another thread after `delay`, or at once when destroyed: a call that
-// must wait for the held stream gets to finish, and one that must not wait is not hung by
-// the gate for more than `delay`. fired() says whether the delay ran out (it is only
-// information; no case asserts on time).
-class LetGoLater {
+// Opens `gate` from another thread after `delay`, or at once when finished or destroyed:
+// a call that must wait for the held stream gets to finish, and one that must not wait is
+// not hung by the gate for more than `delay`. fired() says whether the delay ran out (it is
+// only information; no case asserts on time).
+class LetGoLater : public cuda_test::GateTimer {
  public:
-  LetGoLater(StreamGate& gate, std::chrono::milliseconds delay)
-      : thread_([this, &gate, delay] {
-          std::unique_lock<std::mutex> lock(mutex_);
-          if (!cancel_.wait_for(lock, delay, [this] { return cancelled_; })) fired_ = true;
-          lock.unlock();
-          gate.open();
-        }) {}
-  ~LetGoLater() { finish(); }
-  LetGoLater(const LetGoLater&) = delete;
-  LetGoLater& operator=(const LetGoLater&) = delete;
-
+  LetGoLater(StreamGate& gate, std::chrono::milliseconds delay) : GateTimer(gate, delay, OnStop::kOpen) {}
   // Opens the gate now (if the delay has not) and joins the thread.
-  void finish() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      cancelled_ = true;
-    }
-    cancel_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-  bool fired() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return fired_;
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cancel_;
-  bool cancelled_ = false;
-  bool fired_ = false;
-  std::thread thread_;
+  void finish() { stop(); }
 };
 
 // The live blocks of a case, by address, with the sizes asked for. insert() is where

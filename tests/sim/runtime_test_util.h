@@ -121,41 +121,12 @@ class StreamGate : public cuda_test::StreamGate {
 // Opens a StreamGate if the test has not opened it within `timeout`, so that an
 // implementation that wrongly blocks in an enqueue or destroy call fails the test
 // instead of hanging it. Declare it after the gate it guards.
-class Watchdog {
+class Watchdog : public cuda_test::GateTimer {
  public:
-  Watchdog(StreamGate& gate, std::chrono::milliseconds timeout = kHangTimeout)
-      : thread_([this, &gate, timeout] {
-          std::unique_lock<std::mutex> lock(mutex_);
-          if (!cancel_.wait_for(lock, timeout, [this] { return cancelled_; })) {
-            fired_ = true;
-            lock.unlock();
-            gate.open();
-          }
-        }) {}
-  ~Watchdog() { cancel(); }
-  Watchdog(const Watchdog&) = delete;
-  Watchdog& operator=(const Watchdog&) = delete;
-
+  explicit Watchdog(StreamGate& gate, std::chrono::milliseconds timeout = kHangTimeout)
+      : GateTimer(gate, timeout, OnStop::kLeaveClosed) {}
   // Stops the watchdog; afterwards fired() says whether it had to open the gate.
-  void cancel() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      cancelled_ = true;
-    }
-    cancel_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-  bool fired() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return fired_;
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cancel_;
-  bool cancelled_ = false;
-  bool fired_ = false;
-  std::thread thread_;
+  void cancel() { stop(); }
 };
 
 }  // namespace cudasim_test
