@@ -250,6 +250,43 @@ TEST_F(EngineTest, AnUnpackOfACleanBlockNeedsNoFetch) {
   for (void* b : blocks) ASSERT_TRUE(engine_->free_tagged(b, stream_).ok);
 }
 
+// Reclaim follows Belady's rule over clean and cold blocks together: a cold block needed
+// later than a clean one starts its copy rather than the clean one being dropped, even when
+// the caller cannot wait (the pool's first request); once its copy has landed it goes first.
+TEST_F(EngineTest, ReclaimTakesTheBlockNeededLastCleanOrNot) {
+  start_soft(32 * kMiB, 8 * kMiB, 0);
+  engine_->graph_begin();
+  void* a = tagged(1);  // needed last
+  const uint64_t ha = engine_->pack(a, stream_);  // not cold yet: the forward still uses it
+  ASSERT_NE(0u, ha);
+  const Saved bc = save_cold(2, 2);  // b, c: past the soft limit b (cold, needed last) is copied
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  EngineStats s = stats();
+  ASSERT_EQ(4 * kMiB, s.clean_bytes) << "b";
+  ASSERT_TRUE(engine_->mark_cold(ha, stream_).ok);  // a goes cold with nothing left over the soft limit
+  ASSERT_EQ(1u, stats().num_evictions);
+
+  using Mode = vramswap::pool::DevicePool::ReclaimMode;
+  EXPECT_EQ(0u, engine_->reclaim(4 * kMiB, Mode::kNoWait)) << "b is not dropped while a is needed later";
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  s = stats();
+  EXPECT_EQ(2u, s.num_evictions) << "a's copy was started";
+  EXPECT_EQ(8 * kMiB, s.clean_bytes);
+  EXPECT_EQ(4 * kMiB, engine_->reclaim(4 * kMiB, Mode::kNoWait)) << "a, now clean, goes at once";
+  s = stats();
+  EXPECT_EQ(4 * kMiB, s.evicted_bytes);
+  EXPECT_EQ(4 * kMiB, s.clean_bytes) << "b stays";
+  for (int i = 1; i >= 0; --i) {
+    ASSERT_TRUE(engine_->unpack(bc.handles[size_t(i)], stream_).ok);
+    EXPECT_TRUE(holds(bc.blocks[size_t(i)], uint8_t(2 + i)));
+    ASSERT_TRUE(engine_->release(bc.handles[size_t(i)]).ok);
+  }
+  ASSERT_TRUE(engine_->unpack(ha, stream_).ok);
+  EXPECT_TRUE(holds(a, 1));
+  ASSERT_TRUE(engine_->release(ha).ok);
+  for (void* p : {a, bc.blocks[0], bc.blocks[1]}) ASSERT_TRUE(engine_->free_tagged(p, stream_).ok);
+}
+
 // A clean block that backward never unpacks, or that the program frees, gives its host
 // copy back; the device copy stays valid.
 TEST_F(EngineTest, ACleanBlockReleasedOrFreedGivesItsHostCopyBack) {
