@@ -4,13 +4,11 @@
 //
 // Note [Block states]
 // -------------------
-//   resident --pack--> packed --mark_cold--> cold --evict--> evicting --copy done--> clean
-//      ^                  ^                   |                  |                   |  drop: pages
-//      |                  +---- unpack -------+                  | unpack/prefetch:  |  unmapped
-//      |                                                         | cancel (still     v
-//   release                                  unpack (no copy) <--|-- clean        evicted
-//      +----------------- in use (after unpack) <---- unpack ---------- fetching <---+ prefetch /
-//                                                                                      unpack
+//   resident --pack--> packed --mark_cold--> cold --evict--> evicting --copy landed--> clean
+//   clean --drop (memory needed; its pages unmapped, no wait)--> evicted
+//   evicted --prefetch / unpack--> fetching --unpack (the stream waits for the copy)--> in use
+//   packed, cold, evicting (copy cancelled), clean (host copy freed) --unpack--> in use
+//   in use --release--> resident (an ordinary block again)
 //
 // * A tagged block lives on its own granules (pool::DevicePool::allocate_own_span), so its
 //   pages can be unmapped without touching any other block; the VA stays reserved and the
