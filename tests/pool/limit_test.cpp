@@ -30,6 +30,27 @@ class Limit : public PoolTest {
     EXPECT_TRUE(mentions_size(error, limit)) << "the report does not name the limit (" << limit
                                              << " bytes): " << error;
   }
+
+  // Four one-granule blocks on stream_ fill the limit; the first and the third are freed:
+  // two granules cached under stream_'s tag but in two pieces, so a two-granule request
+  // fits only once they are unmapped. blocks_[1] and blocks_[3] stay live until
+  // free_the_rest().
+  void fill_then_free_two() {
+    for (void*& b : blocks_) {
+      b = allocate(granularity());
+      ASSERT_NE(nullptr, b);
+    }
+    ASSERT_EQ(kLimit, stats().reserved_bytes);
+    deallocate(blocks_[0]);
+    deallocate(blocks_[2]);
+    ASSERT_EQ(kLimit, stats().reserved_bytes) << "freed blocks stay cached";
+  }
+  void free_the_rest() {
+    deallocate(blocks_[1]);
+    deallocate(blocks_[3]);
+  }
+
+  void* blocks_[4] = {};
 };
 
 TEST_F(Limit, BeyondTheLimitFailsWithAReportAndChangesNothingElse) {
@@ -76,18 +97,8 @@ TEST_F(Limit, TheWholeLimitCanBeAllocated) {
 
 TEST_F(Limit, CachedGranulesAreUnmappedBeforeReportingOutOfMemory) {
   SKIP_UNLESS_CUDASIM();
-  // Four one-granule blocks fill the limit; freeing the first and the third leaves 4 MiB
-  // cached but in two pieces, so a 4 MiB request fits only after they are unmapped.
   const size_t g = granularity();
-  void* blocks[4] = {};
-  for (void*& b : blocks) {
-    b = allocate(g);
-    ASSERT_NE(nullptr, b);
-  }
-  ASSERT_EQ(kLimit, stats().reserved_bytes);
-  deallocate(blocks[0]);
-  deallocate(blocks[2]);
-  ASSERT_EQ(kLimit, stats().reserved_bytes) << "freed blocks stay cached";
+  ASSERT_NO_FATAL_FAILURE(fill_then_free_two());
 
   std::string error;
   void* p = pool().allocate(2 * g, stream_, &error);
@@ -98,13 +109,12 @@ TEST_F(Limit, CachedGranulesAreUnmappedBeforeReportingOutOfMemory) {
   EXPECT_LE(s.peak_reserved_bytes, kLimit) << "the limit holds at every moment";
   EXPECT_EQ(s.reserved_bytes, sim_counters()->mapped_bytes);
   LiveBlocks live;
-  EXPECT_TRUE(live.insert(blocks[1], g));
-  EXPECT_TRUE(live.insert(blocks[3], g));
+  EXPECT_TRUE(live.insert(blocks_[1], g));
+  EXPECT_TRUE(live.insert(blocks_[3], g));
   EXPECT_TRUE(live.insert(p, 2 * g));
   EXPECT_TRUE(round_trip(p, 2 * g, 5));
   deallocate(p);
-  deallocate(blocks[1]);
-  deallocate(blocks[3]);
+  free_the_rest();
 }
 
 // The allocating stream is alive, so the blocks it freed itself can be made usable by
@@ -113,13 +123,7 @@ TEST_F(Limit, CachedGranulesAreUnmappedBeforeReportingOutOfMemory) {
 // for an eviction engine's copy queue, for instance).
 TEST_F(Limit, OwnCachedBlocksAreRetiredWithoutWaitingForOtherStreams) {
   const size_t g = granularity();
-  void* blocks[4] = {};
-  for (void*& b : blocks) {
-    b = allocate(g);
-    ASSERT_NE(nullptr, b);
-  }
-  deallocate(blocks[0]);
-  deallocate(blocks[2]);  // 2 granules cached under stream_'s tag, in two pieces
+  ASSERT_NO_FATAL_FAILURE(fill_then_free_two());
   Stream other;
   ASSERT_CUDA_OK(other.status());
   void* p = nullptr;
@@ -139,21 +143,14 @@ TEST_F(Limit, OwnCachedBlocksAreRetiredWithoutWaitingForOtherStreams) {
     EXPECT_TRUE(round_trip(p, 2 * g, 9));
     deallocate(p);
   }
-  deallocate(blocks[1]);
-  deallocate(blocks[3]);
+  free_the_rest();
 }
 
 // The same request while the stream is capturing a CUDA graph: synchronizing it would
 // invalidate the capture, so the pool does not; the capture ends with a graph.
 TEST_F(Limit, OwnCachedBlocksAreNotRetiredBySynchronizingACapturingStream) {
   const size_t g = granularity();
-  void* blocks[4] = {};
-  for (void*& b : blocks) {
-    b = allocate(g);
-    ASSERT_NE(nullptr, b);
-  }
-  deallocate(blocks[0]);
-  deallocate(blocks[2]);
+  ASSERT_NO_FATAL_FAILURE(fill_then_free_two());
   ASSERT_CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
   std::string error;
   void* p = pool().allocate(2 * g, stream_, &error);
@@ -161,8 +158,7 @@ TEST_F(Limit, OwnCachedBlocksAreNotRetiredBySynchronizingACapturingStream) {
   EXPECT_CUDA_OK(cudaStreamEndCapture(stream_, &graph)) << "the capture was broken";
   if (graph != nullptr) cudaGraphDestroy(graph);
   if (p != nullptr) deallocate(p);
-  deallocate(blocks[1]);
-  deallocate(blocks[3]);
+  free_the_rest();
 }
 
 TEST_F(Limit, AFailedRequestLeavesTheCacheUsable) {
