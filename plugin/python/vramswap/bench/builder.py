@@ -122,6 +122,26 @@ class StepBuilder:
         self._wcache = {}   # param -> weight-cast tid of the current autocast region
         self._bcache = []   # bias-cast tids of the current autocast region
 
+    def step_meta(self, workload, optimizer_state_bytes_per_param):
+        """The meta keys every generated step has (describe() reads them): the compute model,
+        the parameter, gradient and optimizer-state bytes (fp32 parameters, subclasses' `params`
+        list), FLOPs and compute time by phase, and the peak and final live bytes."""
+        params = sum(n for _, n in self.params)
+        peak, final = workload.live_bytes()
+        return {
+            "tflops": self.tflops, "hbm_gbps": self.hbm_gbps,
+            "params": params,
+            "param_bytes": params * 4,
+            "grad_bytes": params * 4,
+            "optimizer_state_bytes": params * optimizer_state_bytes_per_param,
+            "flops": dict(self.E.flops),
+            "flops_total": sum(self.E.flops.values()),
+            "compute_ns": {p: workload.compute_ns(p) for p in PHASES},
+            "compute_ns_total": workload.compute_ns(),
+            "peak_live_bytes": peak,
+            "final_live_bytes": final,
+        }
+
     def _weight(self, prefix, param, numel, bias_numel):
         """The weight a Linear computes with: None (the fp32 parameter itself) or, under
         autocast, its cast, made on first use in the current autocast region."""

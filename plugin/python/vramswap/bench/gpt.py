@@ -105,7 +105,6 @@ import argparse
 import sys
 
 from .builder import StepBuilder, describe, kDtypeBytes, kIndexBytes
-from .workload import PHASES
 
 # Defaults of the compute model (see the module docstring for the sources).
 kTflopsHalf = 400.0   # bf16/fp16 matmuls on an H100 SXM, realistic for eager PyTorch
@@ -615,8 +614,6 @@ def generate(layers=12, hidden=768, heads=12, ffn=None, seq=1024, batch=8, dtype
     step = _GPTStep(layers, hidden, heads, ffn, seq, batch, dtype, checkpointing,
                     microbatches, vocab, tflops, hbm_gbps, optimizer, attention, dropout)
     wl = step.build()
-    params = sum(n for _, n in step.params)
-    peak, final = wl.live_bytes()
     fwd_saved, layer_saved, by_phase = _saved_facts(wl, "mb0.L0.")
     wl.meta.update({
         "source": "gpt",
@@ -625,21 +622,11 @@ def generate(layers=12, hidden=768, heads=12, ffn=None, seq=1024, batch=8, dtype
                   "checkpointing": step.checkpointing, "microbatches": microbatches,
                   "attention": attention, "dropout": dropout,
                   "optimizer": step.optimizer or "none"},
-        "tflops": step.tflops, "hbm_gbps": hbm_gbps,
-        "params": params,
-        "param_bytes": params * 4,
-        "grad_bytes": params * 4,
-        "optimizer_state_bytes": params * 8 if step.optimizer else 0,
+        **step.step_meta(wl, 8 if step.optimizer else 0),  # AdamW: exp_avg, exp_avg_sq
         "saved_bytes_forward": fwd_saved,
         "saved_bytes_forward_per_microbatch": fwd_saved // microbatches,
         "saved_bytes_per_layer": layer_saved,
         "saved_bytes_by_phase": by_phase,
-        "flops": dict(step.E.flops),
-        "flops_total": sum(step.E.flops.values()),
-        "compute_ns": {p: wl.compute_ns(p) for p in PHASES},
-        "compute_ns_total": wl.compute_ns(),
-        "peak_live_bytes": peak,
-        "final_live_bytes": final,
     })
     return wl
 

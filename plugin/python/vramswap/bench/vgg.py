@@ -60,7 +60,6 @@ import argparse
 import sys
 
 from .builder import StepBuilder, describe, kDtypeBytes, kIndexBytes
-from .workload import PHASES
 
 kTitanXTflops = 6.1        # fp32 peak at the base clock (see the module docstring)
 kTitanXGbps = 336.5        # GDDR5 bandwidth
@@ -301,28 +300,16 @@ def generate(batch=128, dtype="fp32", tflops=kTitanXTflops, hbm_gbps=kTitanXGbps
     Thread safety: builds fresh objects; calls on different threads do not interact."""
     step = _VGGStep(batch, dtype, tflops, hbm_gbps, image, classes, dropout, optimizer)
     wl = step.build()
-    params = sum(n for _, n in step.params)
-    peak, final = wl.live_bytes()
     saved_fwd = wl.saved_bytes_by_phase()["forward"]
     wl.meta.update({
         "source": "vgg",
         "model": {"net": "vgg16", "batch": batch, "image": image, "classes": classes,
                   "dtype": dtype, "dropout": dropout,
                   "optimizer": "sgd-momentum" if optimizer else "none"},
-        "tflops": tflops, "hbm_gbps": hbm_gbps,
+        **step.step_meta(wl, 4 if optimizer else 0),  # SGD: one momentum buffer
         "card": "GeForce GTX Titan X (Maxwell), 12 GiB", "card_bytes": kTitanXBytes,
         "pcie_gbps": kTitanXPcieGbps,
-        "params": params,
-        "param_bytes": params * 4,
-        "grad_bytes": params * 4,
-        "optimizer_state_bytes": params * 4 if optimizer else 0,
         "saved_bytes_forward": saved_fwd,
-        "flops": dict(step.E.flops),
-        "flops_total": sum(step.E.flops.values()),
-        "compute_ns": {p: wl.compute_ns(p) for p in PHASES},
-        "compute_ns_total": wl.compute_ns(),
-        "peak_live_bytes": peak,
-        "final_live_bytes": final,
     })
     return wl
 
