@@ -73,6 +73,16 @@ class VirtualTime : public ::testing::Test {
   }
   void TearDown() override { cudaDeviceSynchronize(); }
 
+  // One kBytes copy each way, queued together on two streams, and waited for.
+  void copy_both_ways_at_once() {
+    Stream up(cudaStreamNonBlocking), down(cudaStreamNonBlocking);
+    DeviceBuffer d1(kBytes), d2(kBytes);
+    PinnedBuffer h1(kBytes), h2(kBytes);
+    ASSERT_CUDA_OK(cudaMemcpyAsync(d1.get(), h1.get(), kBytes, cudaMemcpyHostToDevice, up));
+    ASSERT_CUDA_OK(cudaMemcpyAsync(h2.get(), d2.get(), kBytes, cudaMemcpyDeviceToHost, down));
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  }
+
   uint64_t t0_ = 0;
 };
 
@@ -144,12 +154,7 @@ TEST_F(VirtualTime, SynchronousCopyMovesTheHostClockToItsEnd) {
 }
 
 TEST_F(VirtualTime, HostToDeviceAndDeviceToHostOverlapInFullDuplex) {
-  Stream up(cudaStreamNonBlocking), down(cudaStreamNonBlocking);
-  DeviceBuffer d1(kBytes), d2(kBytes);
-  PinnedBuffer h1(kBytes), h2(kBytes);
-  ASSERT_CUDA_OK(cudaMemcpyAsync(d1.get(), h1.get(), kBytes, cudaMemcpyHostToDevice, up));
-  ASSERT_CUDA_OK(cudaMemcpyAsync(h2.get(), d2.get(), kBytes, cudaMemcpyDeviceToHost, down));
-  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_NO_FATAL_FAILURE(copy_both_ways_at_once());
   const auto in = only(kH2D), out = only(kD2H);
   EXPECT_EQ(t0_, in.start_ns);
   EXPECT_EQ(t0_, out.start_ns);
@@ -468,12 +473,7 @@ class VirtualTimeShared : public VirtualTime {
 };
 
 TEST_F(VirtualTimeShared, HostToDeviceAndDeviceToHostTakeTurns) {
-  Stream up(cudaStreamNonBlocking), down(cudaStreamNonBlocking);
-  DeviceBuffer d1(kBytes), d2(kBytes);
-  PinnedBuffer h1(kBytes), h2(kBytes);
-  ASSERT_CUDA_OK(cudaMemcpyAsync(d1.get(), h1.get(), kBytes, cudaMemcpyHostToDevice, up));
-  ASSERT_CUDA_OK(cudaMemcpyAsync(h2.get(), d2.get(), kBytes, cudaMemcpyDeviceToHost, down));
-  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_NO_FATAL_FAILURE(copy_both_ways_at_once());
   const auto in = only(kH2D), out = only(kD2H);
   EXPECT_EQ(t0_ + kCopyNs, in.end_ns);
   EXPECT_EQ(in.end_ns, out.start_ns);
