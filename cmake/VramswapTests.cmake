@@ -28,14 +28,16 @@ function(vramswap_add_test_executable name)
   add_dependencies(${name} cudasim_cudart cudasim_driver)
 endfunction()
 
-# vramswap_register_tests(name LABEL label [SUFFIX s] [FILTER f] [ENVIRONMENT vars...])
-# Registers the cases of `name` (all, or those matching FILTER, a --gtest_filter
-# expression), with SUFFIX on their CTest names, to run with VRAMSWAP_TEST_ENVIRONMENT
-# plus ENVIRONMENT. gtest_discover_tests splits a list-valued ENVIRONMENT into separate
-# arguments of set_tests_properties, so the environment is set by a CTest include file of
-# our own, read after the discovered tests (as tests/sim's cudasim_register_again does).
-function(vramswap_register_tests name)
-  cmake_parse_arguments(arg "" "LABEL;SUFFIX;FILTER" "ENVIRONMENT" ${ARGN})
+# register_gtest_cases(name LABEL label TIMEOUT seconds [SUFFIX s] [FILTER f]
+#                      [ENVIRONMENT vars...])
+# Registers the cases of the GoogleTest executable `name` (all, or those matching FILTER, a
+# --gtest_filter expression), with SUFFIX on their CTest names, discovered when CTest runs
+# (PRE_TEST), to run with ENVIRONMENT. gtest_discover_tests splits a list-valued
+# ENVIRONMENT into separate arguments of set_tests_properties, so the environment is set by
+# a CTest include file of our own, read after the discovered tests (through TEST_LIST).
+# tests/sim's helpers use it too.
+function(register_gtest_cases name)
+  cmake_parse_arguments(arg "" "LABEL;TIMEOUT;SUFFIX;FILTER" "ENVIRONMENT" ${ARGN})
   string(MAKE_C_IDENTIFIER "${name}${arg_SUFFIX}_TESTS" list)
   set(filter)
   if(arg_FILTER)
@@ -46,12 +48,20 @@ function(vramswap_register_tests name)
     TEST_SUFFIX "${arg_SUFFIX}"
     ${filter}
     TEST_LIST ${list}
-    PROPERTIES TIMEOUT ${VRAMSWAP_TEST_TIMEOUT} LABELS ${arg_LABEL})
-  set(environment ${VRAMSWAP_TEST_ENVIRONMENT} ${arg_ENVIRONMENT})
+    PROPERTIES TIMEOUT ${arg_TIMEOUT} LABELS ${arg_LABEL})
   set(env_file "${CMAKE_CURRENT_BINARY_DIR}/${list}_environment.cmake")
   file(WRITE "${env_file}"
     "if(${list})\n"
-    "  set_tests_properties(\${${list}} PROPERTIES ENVIRONMENT \"${environment}\")\n"
+    "  set_tests_properties(\${${list}} PROPERTIES ENVIRONMENT \"${arg_ENVIRONMENT}\")\n"
     "endif()\n")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${env_file}")
+endfunction()
+
+# vramswap_register_tests(name LABEL label [SUFFIX s] [FILTER f] [ENVIRONMENT vars...])
+# register_gtest_cases with this project's timeout and VRAMSWAP_TEST_ENVIRONMENT plus
+# ENVIRONMENT.
+function(vramswap_register_tests name)
+  cmake_parse_arguments(arg "" "LABEL;SUFFIX;FILTER" "ENVIRONMENT" ${ARGN})
+  register_gtest_cases(${name} LABEL ${arg_LABEL} TIMEOUT ${VRAMSWAP_TEST_TIMEOUT} SUFFIX "${arg_SUFFIX}"
+                       FILTER "${arg_FILTER}" ENVIRONMENT ${VRAMSWAP_TEST_ENVIRONMENT} ${arg_ENVIRONMENT})
 endfunction()
