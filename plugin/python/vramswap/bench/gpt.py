@@ -307,19 +307,23 @@ class _GPTStep(StepBuilder):
         s["gelu"] = f
         return out, s
 
+    def _branch_grad(self, cast_label, drop_prefix, drop_mask, dx):
+        """The grad a residual branch's last op gets: dx (fp32, kept) cast to the matmul
+        dtype, then through the branch's residual dropout when it has one."""
+        n, c = self.N * self.C, self.cdt
+        d = self._cast(cast_label, dx, n, 4, c, free_input=False)
+        if drop_mask is None:
+            return d
+        return self._dropout_backward(drop_prefix, drop_mask, d, n, c, free_input=d != dx)
+
     def _block_backward(self, p, s, dx, release_input=True):
         """Backward of one block. dx: the fp32 grad of the block output, the buffer the
         residual grads accumulate into; returns it as the grad of the block input."""
         E, N, C, F, T, B, H = self.E, self.N, self.C, self.F, self.T, self.B, self.H
         c = self.cdt
         bhtt = B * H * T * T
-        # x_out = x_mid + mlp(...): the MLP branch gets dx cast to the matmul dtype
-        dm = self._cast(f"{p}.add2.dm", dx, N * C, 4, c, free_input=False)
-        if s["resid_drop2"] is not None:
-            dm2 = self._dropout_backward(f"{p}.mlp.resid_drop", s["resid_drop2"], dm, N * C, c,
-                                         free_input=dm != dx)
-        else:
-            dm2 = dm
+        # x_out = x_mid + mlp(...)
+        dm2 = self._branch_grad(f"{p}.add2.dm", f"{p}.mlp.resid_drop", s["resid_drop2"], dx)
         dg = self._linear_backward(s["fc2"], dm2)
         if dm2 != dx:
             E.free(dm2)
@@ -337,12 +341,7 @@ class _GPTStep(StepBuilder):
         E.kernel(f"{p}.add1.accumulate", nbytes=3 * N * C * 4)
         E.free(dxm)
         # x_mid = x + attention(...)
-        do = self._cast(f"{p}.add1.do", dx, N * C, 4, c, free_input=False)
-        if s["resid_drop1"] is not None:
-            do2 = self._dropout_backward(f"{p}.attn.resid_drop", s["resid_drop1"], do, N * C, c,
-                                         free_input=do != dx)
-        else:
-            do2 = do
+        do2 = self._branch_grad(f"{p}.add1.do", f"{p}.attn.resid_drop", s["resid_drop1"], dx)
         # flash: proj's input is the attention output, which flash's backward reads too
         dy = self._linear_backward(s["proj"], do2, release_input=self.attention == "eager")
         if do2 != dx:
