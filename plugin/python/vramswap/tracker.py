@@ -19,16 +19,32 @@ tagged, placed on pages of their own) and installs torch.autograd.graph.saved_te
              stream-ordered).
   release    when autograd drops the packed object (after backward used it, or with the
              graph), _Saved.__del__ calls vramswap_release, before its alias (and so possibly
-             the storage, and the block) goes.
+             the storage, and the block) goes, and queues the handle; the tracker's own
+             bookkeeping (its count of live _Saved objects, the releases counter) takes the
+             queued handles at its next locked step (Note [No lock in a destructor]).
 
 Why an alias and not t itself: the tensor autograd passes to the pack hook is usually the
 forward's own TensorImpl, so holding it would make the storage's use count 1 while the
 forward still uses the tensor (a residual), and the block would be evicted while
 referenced. With an alias the forward's reference keeps the count above ours.
 
-Thread safety: the tracker's bookkeeping is guarded by one lock; the scope is per thread
-(vramswap's), the hooks are torch's (thread-local in 1.13).
+Thread safety: the tracker's bookkeeping and its counters are guarded by one lock; the
+scope is per thread (vramswap's), the hooks are torch's (thread-local in 1.13).
+
+Note [No lock in a destructor]
+------------------------------
+A _Saved can die anywhere: when autograd drops it, in another thread, in a cyclic garbage
+collection (which starts at any allocation, the tracker's own locked regions included), or
+when a list the tracker holds under its lock drops the last reference. A destructor that
+took the tracker's (non-reentrant) lock would then block the thread that already holds it,
+for good. So _Saved.__del__ takes no lock of the tracker's: it calls vramswap_release (the
+library is thread-safe and never calls back into Python) and appends the handle to a
+deque (atomic, lock-free), and every locked step of the tracker begins by draining that
+queue into the bookkeeping. Until then the tracker counts one _Saved too many for the
+handle, which can only delay a cold mark (a block is cold when the storage's use count
+equals that count), never make one early.
 """
+import collections
 import contextlib
 import threading
 import weakref
@@ -49,7 +65,9 @@ class _Saved:
         self.handle = handle
 
     def __del__(self):
-        _tracker._drop(self)
+        tracker = _tracker
+        if tracker is not None:  # None while the interpreter tears the module down
+            tracker._dropped(self.handle)
 
 
 class _Tracker:
@@ -60,7 +78,38 @@ class _Tracker:
         self._pending = set()  # handles packed but not yet marked cold
         self._depth = 0        # open offload() scopes, all threads
         self._new_graph = True
+        self._drops = collections.deque()  # (handle, released) of dead _Saved, not yet counted
         self.stats = {"packs": 0, "untagged": 0, "cold": 0, "unpacks": 0, "releases": 0}
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """The tracker's lock, with the queued drops applied first (Note [No lock in a
+        destructor])."""
+        with self._lock:
+            self._drain()
+            yield
+
+    def _drain(self):
+        """Applies the drops _Saved.__del__ queued to the bookkeeping. The caller holds the
+        lock; the deque's own operations are atomic, so destructors may append meanwhile."""
+        while True:
+            try:
+                h, released = self._drops.popleft()
+            except IndexError:
+                return
+            n = self._live.get(h, 0) - 1
+            if n <= 0:
+                self._live.pop(h, None)
+                self._saved.pop(h, None)
+                self._pending.discard(h)
+            else:
+                self._live[h] = n  # the WeakSet dropped the dead object itself
+            if released:
+                self.stats["releases"] += 1
+
+    def stats_snapshot(self):
+        with self._locked():
+            return dict(self.stats)
 
     # -- streams --------------------------------------------------------------------
     @staticmethod
@@ -76,16 +125,17 @@ class _Tracker:
         if ptr == 0 or t.numel() == 0:
             return t
         stream = self._stream()
-        with self._lock:
+        with self._locked():
             if self._new_graph:
                 lib.vramswap_graph_begin()
                 self._new_graph = False
         h = lib.vramswap_pack(ptr, stream)
         if h == 0:
-            self.stats["untagged"] += 1
+            with self._locked():
+                self.stats["untagged"] += 1
             return t
         saved = _Saved(t.detach(), h)
-        with self._lock:
+        with self._locked():
             self.stats["packs"] += 1
             self._live[h] = self._live.get(h, 0) + 1
             self._saved.setdefault(h, weakref.WeakSet()).add(saved)
@@ -97,39 +147,33 @@ class _Tracker:
         if not isinstance(p, _Saved):
             return p
         lib = _lib.lib()
-        with self._lock:
+        with self._locked():
             self._new_graph = True  # a backward ran: the next pack starts a forward
             self._pending.discard(p.handle)  # unpacked: in use, not cold
         self.poll_cold()
         _lib.check(lib.vramswap_unpack(p.handle, self._stream()), "vramswap_unpack")
         sim.synchronize()
-        self.stats["unpacks"] += 1
+        with self._locked():
+            self.stats["unpacks"] += 1
         return p.tensor
 
-    def _drop(self, saved):
-        h = saved.handle
-        with self._lock:
-            n = self._live.get(h, 0) - 1
-            if n <= 0:
-                self._live.pop(h, None)
-                self._saved.pop(h, None)
-                self._pending.discard(h)
-            else:
-                self._live[h] = n
-                self._saved[h].discard(saved)
+    def _dropped(self, h):
+        """A _Saved of handle h died: releases one reference of h now, and queues the
+        bookkeeping. Called from _Saved.__del__, so it takes no lock (Note [No lock in a
+        destructor])."""
         lib = _lib._lib
-        if lib is not None and lib.vramswap_release(h) == 0:
-            self.stats["releases"] += 1
+        released = lib is not None and lib.vramswap_release(h) == 0
+        self._drops.append((h, released))
 
     # -- cold ------------------------------------------------------------------------
     def poll_cold(self):
         """Marks cold every pending block whose storage only the tracker's aliases hold."""
         ops = _ext.load()
-        with self._lock:
+        with self._locked():
             pending = []
             for h in self._pending:
-                alive = [s for s in self._saved.get(h, ()) if s.tensor is not None]
-                pending.append((h, alive[0].tensor if alive else None, self._live.get(h, 0)))
+                probe = next((s.tensor for s in self._saved.get(h, ()) if s.tensor is not None), None)
+                pending.append((h, probe, self._live.get(h, 0)))
         lib = _lib.lib()
         stream = self._stream()
         for h, probe, live in pending:
@@ -139,23 +183,24 @@ class _Tracker:
             # TensorImpl (it holds the same Python object), so the counts compare directly.
             if ops.storage_use_count(probe) != live:
                 continue
-            with self._lock:
+            with self._locked():
                 if h not in self._pending:
                     continue
                 self._pending.discard(h)
             _lib.check(lib.vramswap_mark_cold(h, stream), "vramswap_mark_cold")
-            self.stats["cold"] += 1
+            with self._locked():
+                self.stats["cold"] += 1
 
     # -- scope -------------------------------------------------------------------------
     def enter(self):
         _lib.lib().vramswap_scope_push()
-        with self._lock:
+        with self._locked():
             if self._depth == 0:
                 self._new_graph = True
             self._depth += 1
 
     def exit(self):
-        with self._lock:
+        with self._locked():
             self._depth -= 1
         _lib.lib().vramswap_scope_pop()
         self.poll_cold()
@@ -187,4 +232,4 @@ def offload(horizon=None, min_bytes=None):
 
 def tracker_stats():
     """The tracker's own counters (packs, untagged, cold, unpacks, releases)."""
-    return dict(_tracker.stats)
+    return _tracker.stats_snapshot()
