@@ -37,10 +37,12 @@ once):
                a failed allocation raises RuntimeError there, OutOfMemoryError only with the
                extension.
   after-cpu    sim.install_cpu() (the real CPU-emulation mode), then install(): refused.
+  bad-env      VRAMSWAP_HORIZON=many in the environment: install() raises ConfigError with the
+               library's message, nothing swapped.
   run          `python3 -m vramswap run` (through vramswap.__main__.main, so the stand-ins
                can be patched in first) with a "CUDA device": the script runs with
-               vramswap.installed() true; with CUDA "initialized" the run stops with status 2
-               and install()'s message.
+               vramswap.installed() true; with CUDA "initialized", or VRAMSWAP_LIMIT=lots, the
+               run stops with status 2 and install()'s message (the library's for the value).
 
 Usage: python3 tests/python/test_install.py   (exit status 0: every check held)
 Paths: VRAMSWAP_LIBRARY, VRAMSWAP_CUDASIM_DIR, VRAMSWAP_CACHE_DIR (as test_cpu_emulation.py).
@@ -306,6 +308,18 @@ def case_after_cpu():
     check(not Recorder.created and not Recorder.changed and not vramswap.installed(), "nothing swapped")
 
 
+def case_bad_env():
+    os.environ["VRAMSWAP_HORIZON"] = "many"  # before the library loads: it reads the environment then
+    fake_cuda_torch()
+    import vramswap
+    e = expect_raise(lambda: vramswap.install(torch_ext_cuda=0), vramswap.ConfigError)
+    check(isinstance(e, vramswap.ConfigError) and isinstance(e, ValueError),
+          f"install() with VRAMSWAP_HORIZON=many in the environment raises ConfigError ({e!r})")
+    check_words(str(e), ["VRAMSWAP_HORIZON='many' is not valid", "expected an integer"],
+                "the message is the library's: the variable, the value and what is accepted")
+    check(not Recorder.created and not Recorder.changed and not vramswap.installed(), "nothing swapped")
+
+
 def case_run():
     """Child of the `run` case: argv after --case run: initialized(0/1) script."""
     initialized, script = sys.argv[3] == "1", sys.argv[4]
@@ -315,7 +329,7 @@ def case_run():
 
 
 CASES = {"initialized": case_initialized, "no-cuda": case_no_cuda, "ctypes": case_ctypes,
-         "auto": case_auto, "after-cpu": case_after_cpu}
+         "auto": case_auto, "after-cpu": case_after_cpu, "bad-env": case_bad_env}
 
 RUN_SCRIPT = """\
 import vramswap
@@ -368,6 +382,11 @@ def main():
         check(proc.returncode == 0 and "installed True ctypes False" in proc.stdout,
               "vramswap run with a CUDA device installs vramswap as torch's CUDA allocator "
               f"(status {proc.returncode}, stdout {proc.stdout!r}, stderr {proc.stderr[-1500:]!r})")
+        proc = spawn(["--case", "run", "0", script], VRAMSWAP_TORCH_EXT_CUDA="0", VRAMSWAP_LIMIT="lots")
+        check(proc.returncode == 2 and "vramswap: error: VRAMSWAP_LIMIT='lots' is not valid" in proc.stderr
+              and "installed" not in proc.stdout and "Traceback" not in proc.stderr,
+              "vramswap run with a CUDA device and VRAMSWAP_LIMIT=lots stops with status 2 before the "
+              f"script, naming the variable (status {proc.returncode}, stderr {proc.stderr[-1500:]!r})")
         proc = spawn(["--case", "run", "1", script])
         check(proc.returncode == 2 and "vramswap run: vramswap.install(): torch has already initialized CUDA"
               in proc.stderr and "installed" not in proc.stdout,

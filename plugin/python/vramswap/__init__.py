@@ -10,21 +10,31 @@ What exists so far (see DESIGN.md, "Who uses it and how"):
   vramswap.reset_peak_stats(), vramswap.empty_cache()
   python3 -m vramswap run -- script.py  an unmodified script under a process-wide offload (__main__.py)
 Setting VRAMSWAP_TORCH_DEVICE=cpu-sim makes `import vramswap` install the CPU-emulation
-mode at once (with the VRAMSWAP_* environment).
+mode at once (with the VRAMSWAP_* environment). Like the LD_PRELOAD library, which stops a
+program before main, the import then stops the program with exit status 2 when a VRAMSWAP_*
+value is bad, printing one "vramswap: error:" line per value (naming the variable, the value
+and what is accepted); any other VRAMSWAP_TORCH_DEVICE value than cpu-sim (or unset or
+empty) stops it the same way, at every import.
+
+Exceptions: VramswapError (a vramswap call failed), ConfigError (a ValueError: a VRAMSWAP_*
+value refused) and OutOfMemoryError (an allocation vramswap cannot serve: torch's own
+torch.cuda.OutOfMemoryError, a RuntimeError; see _errors.py).
 """
 import ctypes
 import json
 import os
 
+from ._config import ConfigError
 from ._lib import VramswapError
 
 __all__ = ["install", "installed", "sim", "offload", "memory_stats", "reset_peak_stats",
-           "empty_cache", "tracker_stats", "VramswapError"]
+           "empty_cache", "tracker_stats", "VramswapError", "ConfigError", "OutOfMemoryError"]
 
 # The torch-facing parts import torch; they load on first use, so that what needs no torch
 # (vramswap.bench, `python3 -m vramswap bench|replay`, memory_stats) runs without it.
 _LAZY = {"sim": ("sim", None), "install": ("cuda", "install"), "installed": ("cuda", "installed"),
-         "offload": ("tracker", "offload"), "tracker_stats": ("tracker", "tracker_stats")}
+         "offload": ("tracker", "offload"), "tracker_stats": ("tracker", "tracker_stats"),
+         "OutOfMemoryError": ("_errors", "OutOfMemoryError")}
 
 
 def __getattr__(name):
@@ -114,6 +124,20 @@ def reset_peak_stats():
     _lib.lib().vramswap_reset_peak_stats()
 
 
-if os.environ.get("VRAMSWAP_TORCH_DEVICE") == "cpu-sim":
-    from . import sim
-    sim.install_cpu()
+def _install_from_environment():
+    """VRAMSWAP_TORCH_DEVICE at import: checked, and cpu-sim installs the CPU-emulation mode;
+    a refused value stops the program (exit status 2), as the LD_PRELOAD library does."""
+    from . import _config
+    device = os.environ.get("VRAMSWAP_TORCH_DEVICE", "")
+    error = _config.python_key_error("VRAMSWAP_TORCH_DEVICE", device)
+    if error is not None:
+        _config.stop_program(ConfigError([error]), "import vramswap")
+    if device == "cpu-sim":
+        from . import sim
+        try:
+            sim.install_cpu()
+        except ConfigError as e:
+            _config.stop_program(e, "import vramswap (VRAMSWAP_TORCH_DEVICE=cpu-sim)")
+
+
+_install_from_environment()

@@ -13,8 +13,12 @@ Runs an unmodified torch script under vramswap:
      allocator swapped before the script can initialize CUDA (VRAMSWAP_TORCH_EXT_CUDA picks
      its path, see cuda.py); with VRAMSWAP_TORCH_DEVICE=cpu-sim, or when torch has no CUDA
      or sees no device, the CPU-emulation mode (vramswap.sim.install_cpu(): torch's CPU
-     tensors on cudasim). An install that is refused stops the run with vramswap's message
-     and exit status 2;
+     tensors on cudasim). Every VRAMSWAP_* value of the environment is checked first: a
+     bad one stops the run before the script starts, with exit status 2 and the lines the
+     LD_PRELOAD library prints ("vramswap: error: VRAMSWAP_LIMIT='lots' is not valid:
+     expected ..."; an unknown VRAMSWAP_* variable is only warned about, as there). An
+     install that is refused for another reason stops the run with vramswap's message and
+     exit status 2 too;
   2. opens one offload scope (vramswap.offload()) on the main thread for the whole script, so
      that the tensors every forward saves for backward may be evicted (--no-offload: only the
      allocator, e.g. to measure a script's peak without offload);
@@ -81,13 +85,14 @@ def _parse(argv):
 
 
 def _install():
-    """Installs vramswap as torch's allocator; returns the module."""
+    """Installs vramswap as torch's allocator; returns the module. Every VRAMSWAP_* value
+    of the environment is checked first (`import vramswap` has checked
+    VRAMSWAP_TORCH_DEVICE, and installed the CPU-emulation mode for cpu-sim): a refused one
+    stops the run before the script starts, with exit status 2 and the messages the
+    LD_PRELOAD library prints."""
     import torch
-    mode = os.environ.get("VRAMSWAP_TORCH_DEVICE", "")
-    if mode not in ("", "cpu-sim"):
-        raise SystemExit(f"vramswap run: VRAMSWAP_TORCH_DEVICE={mode!r} is not known "
-                         "(accepted: cpu-sim, or unset)")
     import vramswap
+    mode = os.environ.get("VRAMSWAP_TORCH_DEVICE", "")
     # torch.cuda.is_available() does not initialize CUDA, so the swap is still possible after it.
     on_cuda = mode != "cpu-sim" and torch.version.cuda is not None and torch.cuda.is_available()
     try:
@@ -95,6 +100,9 @@ def _install():
             vramswap.install()
         else:
             vramswap.sim.install_cpu()  # idempotent: `import vramswap` may have done it (cpu-sim)
+    except vramswap.ConfigError as e:
+        from . import _config
+        _config.stop_program(e, "vramswap run")
     except (vramswap.VramswapError, ValueError) as e:
         print(f"vramswap run: {e}", file=sys.stderr)
         raise SystemExit(2)

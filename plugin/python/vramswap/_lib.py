@@ -22,6 +22,8 @@ import os
 import threading
 from pathlib import Path
 
+from . import _config
+
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 _lock = threading.Lock()
 _lib = None
@@ -155,17 +157,24 @@ def check(rc, what):
 def config_name(key):
     """The VRAMSWAP_* variable a configuration keyword names: `limit`, `LIMIT` and
     `vramswap_limit` all name VRAMSWAP_LIMIT."""
-    name = key if key.upper().startswith("VRAMSWAP_") else "VRAMSWAP_" + key.upper()
-    return name.upper()
+    return _config.name(key)
 
 
 def configure(lib, config):
-    """Applies `config` ({keyword: value}, keywords as config_name() reads them; True/False
-    become 1/0) through vramswap_configure, in order. Raises ValueError with vramswap's
-    message (which names the variable, the value and what is accepted) at the first value
-    refused; the keys before it stay applied."""
+    """Applies `config` ({keyword: value}, keywords as config_name() reads them, values as
+    _config.value_text() turns them into text; None leaves a key as it is) through
+    vramswap_configure, in order. Raises ConfigError (a ValueError) at the first value
+    refused, with vramswap's message (which names the variable, the value and what is
+    accepted) or the package's for a value the library would misread; the keys before it
+    stay applied."""
     for key, value in config.items():
-        if isinstance(value, bool):
-            value = "1" if value else "0"
-        if lib.vramswap_configure(config_name(key).encode(), str(value).encode()) != 0:
-            raise ValueError(last_error())
+        variable = _config.name(key)
+        if variable in _config.PYTHON_KEYS:
+            raise _config.ConfigError([
+                f"{variable} is read by vramswap's Python package from the environment when it "
+                "is needed; it is not a setting of libvramswap.so, so it cannot be given here"])
+        text = _config.value_text(variable, value)
+        if text is None:
+            continue
+        if lib.vramswap_configure(variable.encode(), text) != 0:
+            raise _config.ConfigError([last_error()])

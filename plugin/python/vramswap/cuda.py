@@ -35,7 +35,7 @@ import os
 import threading
 import warnings
 
-from . import _lib, sim
+from . import _config, _lib, sim
 from ._lib import VramswapError
 
 EXT_KEY = "VRAMSWAP_TORCH_EXT_CUDA"
@@ -53,7 +53,8 @@ def _addr(fn):
 
 def _split_config(config):
     """-> (choice, config without the extension key); choice is "auto", "extension" or
-    "ctypes". Raises ValueError naming the key for a value it does not accept."""
+    "ctypes". Raises ConfigError (a ValueError) naming the key for a value it does not
+    accept."""
     rest = {}
     value = None
     for key, v in config.items():
@@ -63,18 +64,11 @@ def _split_config(config):
             rest[key] = v
     if value is None:
         value = os.environ.get(EXT_KEY, "")
-    if isinstance(value, bool):
-        value = "1" if value else "0"
-    word = str(value).strip().lower()
-    if word in ("", "auto"):
-        return "auto", rest
-    if word in ("1", "on", "true", "yes"):
-        return "extension", rest
-    if word in ("0", "off", "false", "no"):
-        return "ctypes", rest
-    raise ValueError(f"{EXT_KEY}={value!r} is not accepted (accepted: auto or unset: the "
-                     "extension when it can be built, else the ctypes path; 1, on, true or yes: "
-                     "the extension only; 0, off, false or no: the ctypes path only)")
+    text = _config.value_text(EXT_KEY, value).decode()
+    error = _config.python_key_error(EXT_KEY, text)
+    if error is not None:
+        raise _config.ConfigError([error])
+    return _config.EXT_CUDA_WORDS[text.strip().lower()], rest
 
 
 def _refuse_unless_swappable(torch):
@@ -161,9 +155,11 @@ def install(**config):
 
     `config`: VRAMSWAP_* keys with or without the prefix, any case (limit="16GiB",
     horizon=2, VRAMSWAP_LOG="info"), applied through vramswap_configure before the swap; the
-    VRAMSWAP_* environment is read by the library itself when it loads. Settings of the pool
-    (VRAMSWAP_LIMIT, ...) only take effect before vramswap's first allocation. A value the
-    library refuses raises ValueError naming the key; nothing is swapped then.
+    VRAMSWAP_* environment is read by the library itself when it loads, and every VRAMSWAP_*
+    variable of it is checked then, before `config`, as sim.install_cpu() does. Settings of
+    the pool (VRAMSWAP_LIMIT, ...) only take effect before vramswap's first allocation. A
+    value refused (in the environment or in `config`) raises ConfigError, a ValueError,
+    naming the variable, the value and what is accepted; nothing is swapped then.
     torch_ext_cuda= (VRAMSWAP_TORCH_EXT_CUDA) chooses the path: auto (default), 1 or 0.
     Calling install() again only applies `config`. Returns the path used: "extension" or
     "ctypes".
@@ -207,6 +203,7 @@ def install(**config):
         import torch
         _refuse_unless_swappable(torch)
         lib = _lib.load(cuda=True)
+        _config.check_environment(lib)
         _lib.configure(lib, config)
         reason = None
         ops = None

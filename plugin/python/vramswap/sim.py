@@ -20,18 +20,27 @@ allocations from any thread are served by vramswap (thread-safe).
 """
 import ctypes
 
-from . import _ext, _lib
+from . import _config, _ext, _lib
 
 _installed = False
 
 
 def install_cpu(**config):
     """Makes vramswap (on cudasim) torch's CPU allocator. `config`: VRAMSWAP_* keys, with or
-    without the prefix, any case (limit="48MiB", horizon=2). Settings of the pool
+    without the prefix, any case (limit="48MiB", horizon=2), values as the environment takes
+    them or ints (see vramswap._config for what else is accepted). Settings of the pool
     (VRAMSWAP_LIMIT, ...) only take effect before vramswap's first allocation. Calling it
-    again only applies `config`."""
+    again only applies `config`.
+
+    Before anything is installed, every VRAMSWAP_* variable of the environment is checked
+    (the library's keys by the library, with the messages LD_PRELOAD prints), then
+    `config`: a refused value raises ConfigError (a ValueError) naming the variable, the
+    value and what is accepted, and nothing is installed. A bad environment value is refused
+    even when `config` sets the same key."""
     global _installed
     lib = _lib.load(cudasim=True)
+    if not _installed:
+        _config.check_environment(lib)
     _lib.configure(lib, config)
     if _installed:
         return

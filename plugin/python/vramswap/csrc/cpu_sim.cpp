@@ -9,10 +9,13 @@
 // script can be run under offload with no GPU.
 //
 // It is loaded with torch.ops.load_library and registers, in the `vramswap` namespace:
-//   install_cpu_allocator(int malloc_fn, int free_fn) -> ()
-//       malloc_fn/free_fn: the addresses of vramswap_malloc/vramswap_free (the Python side
-//       resolves them with ctypes, so this library has no link-time dependency on
-//       libvramswap.so and cannot pick up a second copy of it).
+//   install_cpu_allocator(int malloc_fn, int free_fn, int last_error_fn) -> ()
+//       the addresses of vramswap_malloc, vramswap_free and vramswap_last_error (the Python
+//       side resolves them with ctypes, so this library has no link-time dependency on
+//       libvramswap.so and cannot pick up a second copy of it). An allocation vramswap
+//       cannot serve throws c10::OutOfMemoryError (torch.cuda.OutOfMemoryError in Python)
+//       whose message is "vramswap: out of memory allocating N bytes (CPU-emulation mode): "
+//       and vramswap's report.
 //   uninstall_cpu_allocator() -> ()      back to c10's default CPU allocator
 //   storage_use_count(Tensor t) -> int   c10::StorageImpl's reference count: how many
 //       TensorImpls (and Python storage objects) hold t's storage. The tracker uses it to
@@ -24,10 +27,13 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 
 namespace {
 
@@ -50,6 +56,30 @@ void vramswap_cpu_delete(void* ptr) {
   if (ptr != nullptr) g_free.load()(ptr, 0, 0, nullptr);
 }
 
+// vramswap's report of the failed allocation (the last error), without a "vramswap: " of
+// its own: the message adds one.
+std::string report() {
+  LastErrorFn last_error = g_last_error.load();
+  std::string text = last_error != nullptr && last_error() != nullptr ? last_error() : "";
+  constexpr std::string_view kPrefix = "vramswap: ";
+  while (std::string_view(text).substr(0, kPrefix.size()) == kPrefix) text.erase(0, kPrefix.size());
+  return text.empty() ? "(no message from vramswap)" : text;
+}
+
+// The failure of an allocation, as torch raises an out-of-memory: c10::OutOfMemoryError,
+// which Python sees as torch.cuda.OutOfMemoryError (vramswap.OutOfMemoryError), whatever
+// the thread (autograd's engine passes it on to backward's caller). torch before 1.13 has
+// no such class: a plain c10::Error (RuntimeError) there.
+[[noreturn]] void throw_out_of_memory(size_t nbytes) {
+#if TORCH_VERSION_MAJOR > 1 || (TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR >= 13)
+  TORCH_CHECK_WITH(OutOfMemoryError, false, "vramswap: out of memory allocating ", nbytes,
+                   " bytes (CPU-emulation mode): ", report());
+#else
+  TORCH_CHECK(false, "vramswap: out of memory allocating ", nbytes, " bytes (CPU-emulation mode): ", report());
+#endif
+  std::abort();  // not reached: the checks above throw
+}
+
 // c10::Allocator over vramswap_malloc/vramswap_free on device 0, legacy stream.
 struct VramswapCpuAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) const override {
@@ -57,11 +87,7 @@ struct VramswapCpuAllocator final : c10::Allocator {
       return {nullptr, nullptr, &vramswap_cpu_delete, c10::Device(c10::DeviceType::CPU)};
     }
     void* ptr = g_malloc.load()(nbytes, 0, nullptr);
-    if (ptr == nullptr) {
-      LastErrorFn last_error = g_last_error.load();
-      TORCH_CHECK(false, "vramswap (CPU-emulation mode): out of memory allocating ", nbytes,
-                  " bytes: ", last_error != nullptr ? last_error() : "(no message)");
-    }
+    if (ptr == nullptr) throw_out_of_memory(nbytes);
     return {ptr, ptr, &vramswap_cpu_delete, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &vramswap_cpu_delete; }

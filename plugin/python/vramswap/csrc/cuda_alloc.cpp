@@ -69,6 +69,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 
 namespace {
 
@@ -97,10 +98,14 @@ std::atomic<int> g_init_devices{-1};
 void* vramswap_alloc(size_t size, int device, cudaStream_t stream) {
   void* ptr = g_fns.malloc(size, device, stream);
   if (ptr == nullptr && size != 0) {
-    const char* report = g_fns.last_error != nullptr ? g_fns.last_error() : nullptr;
+    const char* last_error = g_fns.last_error != nullptr ? g_fns.last_error() : nullptr;
+    // The message has one "vramswap: ": a report that starts with its own goes without it.
+    std::string_view report = last_error != nullptr ? last_error : "";
+    constexpr std::string_view kPrefix = "vramswap: ";
+    while (report.substr(0, kPrefix.size()) == kPrefix) report.remove_prefix(kPrefix.size());
     TORCH_CHECK_WITH(OutOfMemoryError, false, "vramswap: CUDA out of memory allocating ", size,
                      " bytes on device ", device, ": ",
-                     report != nullptr && report[0] != '\0' ? report : "(no message from vramswap)");
+                     report.empty() ? std::string_view("(no message from vramswap)") : report);
   }
   return ptr;
 }
