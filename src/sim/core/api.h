@@ -6,20 +6,26 @@
 
 #include <cstdarg>
 #include <memory>
+#include <string_view>
 #include <mutex>
 #include <unordered_set>
 
 #include "device.h"
 #include "env.h"
+#include "fault.h"
 #include "stream.h"
 
 namespace cudasim {
 
 // Names of error codes (from the generated tables); nullptr for an unknown code.
 const char* driver_error_name(CUresult r);
+const char* runtime_error_name(int value);
+// The value of a CUresult or cudaError_t name (CUDA_ERROR_OUT_OF_MEMORY,
+// cudaErrorMemoryAllocation); false for a name neither table has.
+bool error_code_by_name(std::string_view name, int* code);
 
-// One driver call: checks the preconditions every entry point shares and logs the
-// outcome when CUDASIM_LOG=1.
+// One driver call: checks the preconditions every entry point shares, fails on purpose
+// when a CUDASIM_FAIL rule says so (fault.h), and logs the outcome when CUDASIM_LOG=1.
 //   Call call(__func__, Call::kNeedsContext);
 //   if (!call.ok()) return call.status();
 //   ...
@@ -31,6 +37,7 @@ class Call {
     if (needs != kNoInit && in_host_function()) status_ = CUDA_ERROR_NOT_PERMITTED;
     else if (needs != kNoInit && !driver()) status_ = CUDA_ERROR_NOT_INITIALIZED;
     else if (needs == kNeedsContext && !current_context()) status_ = CUDA_ERROR_INVALID_CONTEXT;
+    else if (!in_host_function() && DriverCallDepth::outermost()) status_ = CUresult(injected_failure(name));
     if (status_ != CUDA_SUCCESS) ret(status_);
   }
   bool ok() const { return status_ == CUDA_SUCCESS; }
@@ -52,6 +59,7 @@ class Call {
   }
 
  private:
+  DriverCallDepth depth_;  // first: the constructor's body runs inside it
   const char* name_;
   CUresult status_ = CUDA_SUCCESS;
   char detail_[200] = "";

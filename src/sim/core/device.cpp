@@ -98,6 +98,18 @@ void Device::fill_counters(cudasim_counters* out) const {
   out->peak_physical_bytes = peak_.load();
   out->mapped_bytes = counters_.mapped_bytes.load();
   out->capacity_bytes = capacity_;
+  out->pinned_bytes = pinned_host_bytes().load();
+  out->registered_bytes = registered_host_bytes().load();
+}
+
+std::atomic<uint64_t>& pinned_host_bytes() {
+  static std::atomic<uint64_t> bytes{0};
+  return bytes;
+}
+
+std::atomic<uint64_t>& registered_host_bytes() {
+  static std::atomic<uint64_t> bytes{0};
+  return bytes;
 }
 
 void Device::reset_counters() {

@@ -143,6 +143,10 @@ Device* current_device();
 // permitted there.
 bool& in_host_function();
 
+// Pinned and registered host memory of the process, in bytes (cudasim_counters).
+std::atomic<uint64_t>& pinned_host_bytes();
+std::atomic<uint64_t>& registered_host_bytes();
+
 // The memory allocation granularity of the VMM API on cudasim (and on current GPUs).
 constexpr uint64_t kGranularity = 2ull << 20;
 

@@ -109,6 +109,7 @@ extern "C" {
 
 CUresult cuInit(unsigned int flags) {
   Call call(__func__, Call::kNoInit);
+  if (!call.ok()) return call.status();  // an injected failure (fault.h)
   if (in_host_function()) return call.ret(CUDA_ERROR_NOT_PERMITTED);
   if (flags != 0) return call.ret(CUDA_ERROR_INVALID_VALUE);
   return call.ret(initialize());

@@ -318,6 +318,7 @@ CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
     std::unique_lock lock(as.mu);
     as.regions[r.base] = r;
   }
+  pinned_host_bytes().fetch_add(bytes);
   *pp = p;
   call.note("%zu bytes -> %p", bytes, p);
   return call.ret(CUDA_SUCCESS);
@@ -331,7 +332,7 @@ CUresult cuMemFreeHost(void* p) {
   call.note("%p", p);
   if (!p) return call.ret(CUDA_SUCCESS);
   if (CUresult r = check_unsafe_call()) return call.ret(r);
-  uint64_t map_size;
+  uint64_t map_size, size;
   {
     AddressSpace& as = address_space();
     std::shared_lock lock(as.mu);
@@ -339,14 +340,17 @@ CUresult cuMemFreeHost(void* p) {
     if (it == as.regions.end() || it->second.kind != RegionKind::kPinnedHost)
       return call.ret(CUDA_ERROR_INVALID_VALUE);
     map_size = it->second.map_size;
+    size = it->second.size;
   }
   synchronize_all_devices();
   {
     AddressSpace& as = address_space();
     std::unique_lock lock(as.mu);
-    as.regions.erase(reinterpret_cast<uintptr_t>(p));
+    if (as.regions.erase(reinterpret_cast<uintptr_t>(p)) == 0)  // freed by another thread meanwhile
+      return call.ret(CUDA_ERROR_INVALID_VALUE);
   }
   ::munmap(p, map_size);
+  pinned_host_bytes().fetch_sub(size);
   return call.ret(CUDA_SUCCESS);
 }
 
@@ -366,6 +370,7 @@ CUresult cuMemHostRegister_v2(void* p, size_t bytes, unsigned int flags) {
   r.device = current_device()->ordinal();
   r.flags = flags;
   as.regions[r.base] = r;
+  registered_host_bytes().fetch_add(bytes);
   return call.ret(CUDA_SUCCESS);
 }
 
@@ -383,7 +388,11 @@ CUresult cuMemHostUnregister(void* p) {
   synchronize_all_devices();  // no copy still reads or writes the range
   AddressSpace& as = address_space();
   std::unique_lock lock(as.mu);
-  as.regions.erase(reinterpret_cast<uintptr_t>(p));
+  auto it = as.regions.find(reinterpret_cast<uintptr_t>(p));
+  if (it == as.regions.end() || it->second.kind != RegionKind::kRegisteredHost)  // unregistered meanwhile
+    return call.ret(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+  registered_host_bytes().fetch_sub(it->second.size);
+  as.regions.erase(it);
   return call.ret(CUDA_SUCCESS);
 }
 

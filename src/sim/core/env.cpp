@@ -2,6 +2,7 @@
 #include "env.h"
 
 #include "config/units.h"
+#include "fault.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -22,6 +23,13 @@ namespace {
 
 [[noreturn]] void bad_setting(const char* name, const char* value, const char* accepted) {
   std::fprintf(stderr, "cudasim: %s='%s' is not valid; accepted: %s\n", name, value, accepted);
+  std::fflush(stderr);
+  std::_Exit(2);
+}
+
+// The same, saying what is wrong with the value first.
+[[noreturn]] void bad_setting(const char* name, const char* value, const std::string& why, const char* accepted) {
+  std::fprintf(stderr, "cudasim: %s='%s' is not valid: %s; accepted: %s\n", name, value, why.c_str(), accepted);
   std::fflush(stderr);
   std::_Exit(2);
 }
@@ -96,6 +104,16 @@ Settings read_settings() {
   }
   if (const char* v = std::getenv("CUDASIM_UNBACKED"); v && *v) s.unbacked = parse_switch("CUDASIM_UNBACKED", v);
   if (const char* v = std::getenv("CUDASIM_TIMELINE"); v && *v) s.timeline = parse_switch("CUDASIM_TIMELINE", v);
+  if (const char* v = std::getenv("CUDASIM_FAIL"); v && *v) {
+    std::string why;
+    if (!check_fail_spec(v, &why)) bad_setting("CUDASIM_FAIL", v, why, kFailSpecAccepted);
+    s.fail_spec = v;
+  }
+  if (const char* v = std::getenv("CUDASIM_FAIL_SEED"); v && *v) {
+    auto seed = parse_uint(v);
+    if (!seed) bad_setting("CUDASIM_FAIL_SEED", v, "an unsigned integer seed");
+    s.fail_seed = *seed;
+  }
   return s;
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace cudasim {
 
@@ -23,6 +24,8 @@ struct Settings {
   double hbm_gbps = 2000;               // CUDASIM_HBM_GBPS: d2d copies and memsets; an HBM3 card's order
   bool unbacked = false;                // CUDASIM_UNBACKED=1: copies and memsets time but touch no data
   bool timeline = false;                // CUDASIM_TIMELINE=1: record the timeline in real-time mode too
+  std::string fail_spec;                // CUDASIM_FAIL: calls that fail on purpose (fault.h); checked here
+  uint64_t fail_seed = 1;               // CUDASIM_FAIL_SEED: the generator of CUDASIM_FAIL's pX rules
 };
 
 // The process's settings, parsed on first use. Thread-safe (a function-local static).

@@ -68,15 +68,29 @@ const char* driver_error_name(CUresult r) {
   return e ? e->name : nullptr;
 }
 
+const char* runtime_error_name(int value) {
+  const ErrorEntry* e = find(kRuntimeErrors, std::size(kRuntimeErrors), value);
+  return e ? e->name : nullptr;
+}
+
+bool error_code_by_name(std::string_view name, int* code) {
+  for (const ErrorEntry* table : {&kDriverErrors[0], &kRuntimeErrors[0]}) {
+    const size_t n = table == kDriverErrors ? std::size(kDriverErrors) : std::size(kRuntimeErrors);
+    for (size_t i = 0; i < n; ++i)
+      if (name == table[i].name) {
+        *code = table[i].value;
+        return true;
+      }
+  }
+  return false;
+}
+
 }  // namespace cudasim
 
 using namespace cudasim;
 
 // For cudasim's runtime: names and strings of cudaError_t values (nullptr when unknown).
-extern "C" const char* cudasim_internal_runtime_error_name(int value) {
-  const ErrorEntry* e = find(kRuntimeErrors, std::size(kRuntimeErrors), value);
-  return e ? e->name : nullptr;
-}
+extern "C" const char* cudasim_internal_runtime_error_name(int value) { return runtime_error_name(value); }
 
 extern "C" const char* cudasim_internal_runtime_error_string(int value) {
   const ErrorEntry* e = find(kRuntimeErrors, std::size(kRuntimeErrors), value);

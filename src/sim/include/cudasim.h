@@ -33,6 +33,12 @@ typedef struct cudasim_counters {
   uint64_t peak_physical_bytes;  /* the most physical_bytes has been since start or the last reset */
   uint64_t mapped_bytes;         /* bytes of VA currently mapped to physical memory with cuMemMap */
   uint64_t capacity_bytes;       /* the device's size (CUDASIM_DEVICE_MEMORY) */
+  /* Pinned host memory is the process's, not a device's: every device reads the same
+   * values, and cudasim_reset_counters leaves them alone. */
+  uint64_t pinned_bytes;         /* host memory from cudaHostAlloc/cudaMallocHost/cuMemHostAlloc/cuMemAllocHost
+                                    not yet freed, in bytes asked for */
+  uint64_t registered_bytes;     /* host memory page-locked by cudaHostRegister/cuMemHostRegister and not yet
+                                    unregistered */
 } cudasim_counters;
 
 /* Reads the counters of `device`. Returns 0, or -1 when the device does not exist. */
@@ -44,6 +50,29 @@ int cudasim_reset_counters(int device);
 
 /* 1: this process runs on cudasim. (The real driver has no such symbol.) */
 int cudasim_is_emulated(void);
+
+/* ---- Fault injection -------------------------------------------------------------------
+ * Calls that fail on purpose (README, "Fault injection"). A rule list such as
+ * "cuMemCreate:3,cudaMemcpyAsync:p0.01,cudaHostAlloc:*" names functions as a program writes
+ * them and when each fails: N (the Nth call, counted from 1), N+ (the Nth and every later
+ * call), pX (each call with probability X, from a generator seeded with CUDASIM_FAIL_SEED,
+ * default 1) or * (every call); "=CODE" after a rule (a CUDA error name or number) replaces
+ * the code the function returns by default. A failing call does nothing at all (nothing
+ * allocated, mapped, queued, waited for or freed) and is never sticky. CUDASIM_FAIL sets the
+ * rules at the first CUDA call; a bad value there stops the process with exit status 2. */
+
+/* Replaces the rules with `spec` (NULL or "": no rule) and numbers calls from 1 again.
+ * Returns 0; or -1, with a message naming the problem and the accepted form on stderr,
+ * and the rules unchanged, for a bad spec. */
+int cudasim_fail_configure(const char* spec);
+
+/* How many calls have failed on purpose since the process started. */
+uint64_t cudasim_failures_injected(void);
+
+/* The functions a rule may name and the code each returns when it fails: fills up to
+ * `capacity` entries of `names` and `codes` (either may be NULL) in the README's order and
+ * returns how many there are. */
+size_t cudasim_fail_functions(const char** names, int* codes, size_t capacity);
 
 /* ---- Virtual time ----------------------------------------------------------------------
  * With CUDASIM_TIME=virtual, stream work runs on a simulated clock (DESIGN.md, "cudasim";

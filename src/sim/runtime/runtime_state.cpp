@@ -34,8 +34,10 @@ cudaError_t ensure_context() {
 }
 
 Api::Api(const char* name, Needs needs) : name_(name) {
+  cudasim_internal_runtime_enter();
   if (cudasim_internal_in_host_function()) status_ = cudaErrorNotPermitted;
   else if (needs == kContext) status_ = ensure_context();
+  if (status_ == cudaSuccess) status_ = static_cast<cudaError_t>(cudasim_internal_runtime_fault(name));
   if (status_ != cudaSuccess) ret(status_);
 }
 

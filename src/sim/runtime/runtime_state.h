@@ -18,6 +18,11 @@ void cudasim_internal_report_unsupported(const char* name);
 int cudasim_internal_in_host_function(void);
 int cudasim_internal_log_enabled(void);
 void cudasim_internal_log(const char* line);
+// Fault injection (src/sim/core/fault.h): a runtime call nests around the driver calls it
+// makes, which are then not counted; the outermost runtime call is.
+void cudasim_internal_runtime_enter(void);
+void cudasim_internal_runtime_leave(void);
+int cudasim_internal_runtime_fault(const char* entry_point);
 
 // The driver's per-thread-default-stream entry points (declared by cuda.h only when a
 // program is compiled for per-thread default streams).
@@ -44,7 +49,8 @@ cudaError_t ensure_context();
 // The device the thread's runtime calls use.
 int& thread_device();
 
-// One runtime call: preconditions, the last error, and the CUDASIM_LOG line.
+// One runtime call: preconditions, a failure CUDASIM_FAIL asks for, the last error, and
+// the CUDASIM_LOG line.
 //   Api api(__func__);
 //   if (!api.ok()) return api.status();
 //   return api.ret(cuSomething(...));
@@ -52,6 +58,9 @@ class Api {
  public:
   enum Needs { kContext, kNothing };
   explicit Api(const char* name, Needs needs = kContext);
+  ~Api() { cudasim_internal_runtime_leave(); }
+  Api(const Api&) = delete;
+  Api& operator=(const Api&) = delete;
   bool ok() const { return status_ == cudaSuccess; }
   cudaError_t status() const { return status_; }
   cudaError_t ret(cudaError_t e);
