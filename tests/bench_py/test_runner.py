@@ -24,8 +24,10 @@ Runs in well under a minute on 2 cores.
 
 Environment: VRAMSWAP_LIBRARY / VRAMSWAP_CUDASIM_DIR as for the package (default: build/).
 """
+import ctypes
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -73,7 +75,36 @@ def cli(*args, env=None):
                           timeout=300)
 
 
+_C_TYPES = {"uint64_t": ctypes.c_uint64, "uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32,
+            "char": ctypes.c_char}
+
+
+def header_struct(name):
+    """[(field, ctypes type)] of `typedef struct NAME {...} NAME;` in cudasim.h, in order."""
+    text = (REPO / "src" / "sim" / "include" / "cudasim.h").read_text()
+    body = re.search(r"typedef struct " + name + r" \{(.*?)\} " + name + ";", text, re.S).group(1)
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    fields = []
+    for ctype, field, count in re.findall(r"(\w+)\s+(\w+)(?:\[(\d+)\])?\s*;", body):
+        fields.append((field, _C_TYPES[ctype] * int(count) if count else _C_TYPES[ctype]))
+    return fields
+
+
+def check_structs():
+    """The runner reads cudasim's counters and timeline through ctypes mirrors of cudasim.h's
+    structs: a mirror shorter than the struct lets cudasim write past it (the child crashed
+    with SIGSEGV when cudasim_counters grew)."""
+    for mirror, name in ((runner._Counters, "cudasim_counters"), (runner._TimelineEntry, "cudasim_timeline_entry")):
+        want = header_struct(name)
+        got = [(f, t) for f, t in mirror._fields_]
+        same = [f for f, _ in got] == [f for f, _ in want] and all(
+            ctypes.sizeof(a) == ctypes.sizeof(b) for (_, a), (_, b) in zip(got, want))
+        check(f"runner's {mirror.__name__} mirrors cudasim.h's {name} field by field", same,
+              f"cudasim.h: {[f for f, _ in want]}; runner: {[f for f, _ in got]}")
+
+
 def main():
+    check_structs()
     try:
         from vramswap.bench import gpt
     except ImportError as e:

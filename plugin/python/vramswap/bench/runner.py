@@ -316,6 +316,9 @@ def run(workload, policy, card_bytes, pcie_gbps, timeout_s=600, **options):
 
 # ---- the child side ----------------------------------------------------------------------
 
+# ctypes mirrors of cudasim.h's structs, field for field: cudasim writes the whole struct,
+# so a mirror that lacks a field is written past (tests/bench_py/test_runner.py checks them
+# against the header).
 class _TimelineEntry(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_uint32), ("device", ctypes.c_int32), ("stream", ctypes.c_uint64),
                 ("bytes", ctypes.c_uint64), ("enqueue_ns", ctypes.c_uint64), ("start_ns", ctypes.c_uint64),
@@ -325,7 +328,8 @@ class _TimelineEntry(ctypes.Structure):
 class _Counters(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "bytes_h2d", "bytes_d2h", "bytes_d2d", "bytes_h2h", "bytes_memset", "ops_executed",
-        "physical_bytes", "peak_physical_bytes", "mapped_bytes", "capacity_bytes")]
+        "physical_bytes", "peak_physical_bytes", "mapped_bytes", "capacity_bytes",
+        "pinned_bytes", "registered_bytes")]
 
 
 class _Cuda:
