@@ -87,6 +87,103 @@ def test_refusal(tmp):
           "bytes that are not a pickle are a SnapshotError naming the file")
 
 
+# ---- malformed snapshots ------------------------------------------------------------------
+
+def malformed_cases():
+    """(name, snapshot, words its SnapshotError must hold): hand-built snapshots that are
+    pickles of the right outer shape with something wrong inside."""
+    good = ev("alloc", 0xA0, 100, FWD)
+
+    def trace(*events):
+        return {"segments": [], "device_traces": [list(events)]}
+
+    no_addr = dict(good)
+    del no_addr["addr"]
+    return [
+        ("missing addr", trace(good, no_addr), ["device_traces[0][1] (alloc)", "no 'addr'", "address"]),
+        ("negative size", trace(ev("alloc", 0xA0, -5), ev("free_completed", 0xA0, -5)),
+         ["device_traces[0][0] (alloc)", "'size' is an int (-5)", "positive integer"]),
+        ("size zero", trace(ev("alloc", 0xA0, 0)), ["device_traces[0][0]", "'size' is an int (0)"]),
+        ("size as text", trace(ev("free_completed", 0xA0, "100")),
+         ["device_traces[0][0] (free_completed)", "'size' is a str ('100')"]),
+        ("size as bool", trace(ev("alloc", 0xA0, True)), ["'size' is a bool (True)"]),
+        ("address negative", trace(ev("alloc", -16, 100)), ["'addr' is an int (-16)", "non-negative"]),
+        ("trace not a list", {"segments": [], "device_traces": [5]},
+         ["device_traces[0]", "is an int (5)", "a list of events"]),
+        ("event not a dict", trace(good, [1, 2]), ["device_traces[0][1]", "is a list", "an event"]),
+        ("no action", trace({"addr": 1, "size": 2}), ["device_traces[0][0]", "no 'action'"]),
+        ("action not text", trace(dict(good, action=7)), ["device_traces[0][0]", "'action' is an int (7)"]),
+        ("frames not a list", trace(dict(good, frames="model.py")),
+         ["device_traces[0][0] (alloc)", "'frames' is a str", "a list of frames"]),
+        ("frame without a name", trace(dict(good, frames=[{"filename": "model.py", "line": 1}])),
+         ["device_traces[0][0] (alloc), frames[0]", "no 'name'"]),
+        ("frame line as text", trace(dict(good, frames=[py("forward", line="12")])),
+         ["frames[0]", "'line' is a str ('12')", "an integer"]),
+        ("time as text", trace(dict(good, time_us="noon")), ["device_traces[0][0]", "'time_us' is a str"]),
+        ("segments not a list", {"segments": 5, "device_traces": [[good]]},
+         ["'segments' is an int (5)", "'segments' and 'device_traces' lists"]),
+        ("no device_traces", {"segments": []}, ["no 'device_traces'"]),
+        ("segment not a dict", {"segments": [5], "device_traces": [[good]]},
+         ["segments[0]", "is an int (5)", "a segment"]),
+        ("blocks not a list", {"segments": [{"device": 0, "blocks": 3}], "device_traces": [[good]]},
+         ["segments[0]", "'blocks' is an int (3)"]),
+        ("block size negative",
+         {"segments": [{"device": 0, "blocks": [{"size": -1, "state": "active_allocated"}]}],
+          "device_traces": [[good]]},
+         ["segments[0].blocks[0]", "'size' is an int (-1)"]),
+        ("annotation time as text",
+         {"segments": [], "device_traces": [[good]],
+          "external_annotations": [{"name": "Optimizer.step#SGD.step", "stage": "START", "time_us": "x"}]},
+         ["external_annotations[0]", "'time_us' is a str"]),
+    ]
+
+
+def test_malformed(tmp):
+    """read() and load() refuse a snapshot whose inside load() cannot use with a
+    SnapshotError naming the file, the place and what was expected (not a KeyError or a
+    TypeError, and not a -5-byte allocation replayed as 16 EiB)."""
+    for name, data, words in malformed_cases():
+        path = tmp / (name.replace(" ", "_") + ".pickle")
+        path.write_bytes(pickle.dumps(data))
+        check(raises(lambda: snapshot.read(path), snapshot.SnapshotError, str(path), *words),
+              f"read() refuses a snapshot with {name}, saying where and what ({', '.join(words)})")
+        check(raises(lambda: snapshot.load("given.pickle", snapshot=data), snapshot.SnapshotError,
+                     "given.pickle", *words),
+              f"load(snapshot=...) refuses it too ({name})")
+
+
+def test_replay_cli(tmp):
+    """`python3 -m vramswap replay` on a malformed snapshot: status 2 and the reader's
+    message, no traceback; on a snapshot no run can complete (every policy out of memory):
+    status 1, with and without --json."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "plugin" / "python"))
+
+    def replay(*args):
+        return subprocess.run([sys.executable, "-m", "vramswap", "replay", *map(str, args)],
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    for name, data, words in malformed_cases()[:3]:
+        path = tmp / ("cli_" + name.replace(" ", "_") + ".pickle")
+        path.write_bytes(pickle.dumps(data))
+        r = replay(path)
+        check(r.returncode == 2 and all(w in r.stderr for w in words) and "Traceback" not in r.stderr
+              and "out of memory" not in r.stdout + r.stderr,
+              f"replay of a snapshot with {name}: status 2 ({r.returncode}), says where and what "
+              f"({r.stderr.strip()[-400:]!r})")
+    from vramswap import _lib
+    if not _lib.library_path().is_file():
+        print(f"skipped: replay's exit status when nothing completes (no {_lib.library_path()})")
+        return
+    huge = tmp / "huge.pickle"
+    huge.write_bytes(pickle.dumps({"segments": [], "device_traces": [[
+        ev("alloc", 0xA0, 100 << 30, FWD), ev("free_completed", 0xA0, 100 << 30, FWD)]]}))
+    for extra in ((), ("--json",)):
+        r = replay(huge, "--card", "1GiB", *extra)
+        check(r.returncode == 1 and "oom" in r.stdout,
+              f"replay {' '.join(extra)} where every run is out of memory: status 1 ({r.returncode}; "
+              f"{(r.stdout + r.stderr).strip()[-300:]!r})")
+
+
 # ---- synthetic snapshots ------------------------------------------------------------------
 
 def py(name, filename="model.py", line=1):
@@ -451,6 +548,8 @@ def test_cli(d):
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_refusal(Path(tmp))
+        test_malformed(Path(tmp))
+        test_replay_cli(Path(tmp))
     test_synthetic()
     test_cold_points()
     d = traces_dir()

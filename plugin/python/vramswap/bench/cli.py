@@ -379,9 +379,12 @@ def replay(argv):
         print(f"vramswap replay: the snapshot reader is not available: {e}", file=sys.stderr)
         return 1
     try:
-        w = snapshot.load(args.snapshot)
-    except Exception as e:  # the reader's own errors name the file and what is wrong
-        print(f"vramswap replay: cannot read {args.snapshot}: {e}", file=sys.stderr)
+        w = snapshot.load(args.snapshot).validate()
+    except (snapshot.SnapshotError, OSError) as e:  # these name the file, where and what is wrong
+        print(f"vramswap replay: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - a snapshot check() let through: still no traceback
+        print(f"vramswap replay: cannot read {args.snapshot}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     facts = {"snapshot": str(args.snapshot)}
     base = dict(card_bytes=args.card, pcie_gbps=args.pcie, duplex=args.duplex, record=args.out is not None)

@@ -242,8 +242,8 @@ class RefusingUnpickler(pickle.Unpickler):
 
 def read(path):
     """-> the snapshot dict, read with RefusingUnpickler. Raises FileNotFoundError for a
-    missing file and SnapshotError for anything that is not a memory snapshot (naming the
-    file and what was expected)."""
+    missing file and SnapshotError for anything that is not a memory snapshot, or not one
+    load() can read (check()), naming the file, where and what was expected."""
     path = os.fspath(path)
     expected = "a torch.cuda.memory._dump_snapshot() pickle"
     try:
@@ -256,12 +256,116 @@ def read(path):
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
             AttributeError, UnicodeDecodeError, OverflowError) as e:
         raise SnapshotError(f"{path}: not {expected}: {e}") from e
+    return check(data, path)
+
+
+# ---- the snapshot's structure ----------------------------------------------------------------
+
+def _a(value):
+    """'an int', 'a str', ... (with the value when it is short), for error messages."""
+    name = type(value).__name__
+    shown = repr(value)
+    article = "an" if name[:1] in "aeiou" else "a"
+    return f"{article} {name}" + (f" ({shown})" if len(shown) <= 40 and name not in ("list", "dict") else "")
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+# What load() reads of an event, by key: (test, what is expected).
+_ADDRESS = (lambda v: _is_int(v) and v >= 0, "a non-negative integer (the block's address)")
+_SIZE = (lambda v: _is_int(v) and v > 0, "a positive integer (the block's size in bytes)")
+_TIME = (_is_number, "a number (the host clock, in microseconds)")
+_FRAME_KEYS = (("name", str, "a string"), ("filename", str, "a string"), ("line", int, "an integer"))
+
+
+def check(data, path="snapshot"):
+    """Raises SnapshotError, naming the file, the place (device_traces[0][12],
+    segments[3].blocks[0], ...) and what was expected, unless `data` (a dict as read()
+    returns it) has the structure load() reads: events as dicts with a string "action";
+    for allocations and frees an "addr" and a positive "size"; numbers for "time_us";
+    frames as lists of {name, filename, line}; segments and their blocks as dicts with
+    integer sizes. What load() does not read is not checked. Returns `data`."""
+    def fail(where, what, expected):
+        raise SnapshotError(f"{path}: not a usable memory snapshot: {where}: {what}; expected {expected}")
+
     if not isinstance(data, dict) or not isinstance(data.get("device_traces"), list) \
             or not isinstance(data.get("segments"), list):
-        got = f"a dict with keys {sorted(map(str, data))[:8]}" if isinstance(data, dict) \
-            else f"a {type(data).__name__}"
-        raise SnapshotError(f"{path}: not {expected}: found {got}, expected a dict with "
-                            f"'segments' and 'device_traces' lists")
+        if isinstance(data, dict):
+            bad = [f"no {k!r}" if k not in data else f"{k!r} is {_a(data[k])}"
+                   for k in ("segments", "device_traces") if not isinstance(data.get(k), list)]
+            got = f"a dict with keys {sorted(map(str, data))[:8]} ({', '.join(bad)})"
+        else:
+            got = _a(data)
+        raise SnapshotError(f"{path}: not a torch.cuda.memory._dump_snapshot() pickle: found {got}, "
+                            "expected a dict with 'segments' and 'device_traces' lists")
+
+    def frames_of(where, frames):
+        if frames is None:
+            return
+        if not isinstance(frames, list):
+            fail(where, f"'frames' is {_a(frames)}", "a list of frames")
+        for j, frame in enumerate(frames):
+            if type(frame) is dict and type(frame.get("name")) is str \
+                    and type(frame.get("filename")) is str and type(frame.get("line")) is int:
+                continue  # the common case, checked fast
+            at = f"{where}, frames[{j}]"
+            if not isinstance(frame, dict):
+                fail(at, f"is {_a(frame)}", "a dict with name, filename and line")
+            for key, kind, expected in _FRAME_KEYS:
+                if key not in frame:
+                    fail(at, f"no {key!r}", expected)
+                if not isinstance(frame[key], kind) or isinstance(frame[key], bool):
+                    fail(at, f"{key!r} is {_a(frame[key])}", expected)
+
+    for d, trace in enumerate(data["device_traces"]):
+        if not isinstance(trace, list):
+            fail(f"device_traces[{d}]", f"is {_a(trace)}", "a list of events (one per allocator action)")
+        for i, e in enumerate(trace):
+            where = f"device_traces[{d}][{i}]"
+            if not isinstance(e, dict):
+                fail(where, f"is {_a(e)}", "an event: a dict with 'action', 'addr', 'size', ...")
+            action = e.get("action")
+            if not isinstance(action, str):
+                fail(where, "no 'action'" if "action" not in e else f"'action' is {_a(action)}",
+                     "a string such as 'alloc' or 'free_completed'")
+            where += f" ({action})"
+            if action in ("alloc", "free_completed"):
+                for key, (test, expected) in (("addr", _ADDRESS), ("size", _SIZE)):
+                    if key not in e:
+                        fail(where, f"no {key!r}", expected)
+                    if not test(e[key]):
+                        fail(where, f"{key!r} is {_a(e[key])}", expected)
+                frames_of(where, e.get("frames"))
+            if "time_us" in e and not _TIME[0](e["time_us"]):
+                fail(where, f"'time_us' is {_a(e['time_us'])}", _TIME[1])
+    for k, segment in enumerate(data["segments"]):
+        where = f"segments[{k}]"
+        if not isinstance(segment, dict):
+            fail(where, f"is {_a(segment)}", "a segment: a dict with 'device', 'blocks', ...")
+        if "device" in segment and not _is_int(segment["device"]):
+            fail(where, f"'device' is {_a(segment['device'])}", "an integer (the device index)")
+        blocks = segment.get("blocks", [])
+        if not isinstance(blocks, list):
+            fail(where, f"'blocks' is {_a(blocks)}", "a list of blocks")
+        for j, block in enumerate(blocks):
+            at = f"{where}.blocks[{j}]"
+            if not isinstance(block, dict):
+                fail(at, f"is {_a(block)}", "a block: a dict with 'size', 'state', ...")
+            for key in ("size", "requested_size"):
+                if key in block and not (_is_int(block[key]) and block[key] >= 0):
+                    fail(at, f"{key!r} is {_a(block[key])}", "a non-negative integer (bytes)")
+    annotations = data.get("external_annotations")
+    if annotations is not None and not isinstance(annotations, list):
+        fail("external_annotations", f"is {_a(annotations)}", "a list of annotations")
+    for k, a in enumerate(annotations or ()):
+        if isinstance(a, dict) and "time_us" in a and not _TIME[0](a["time_us"]):
+            fail(f"external_annotations[{k}]", f"'time_us' is {_a(a['time_us'])}", _TIME[1])
     return data
 
 
@@ -506,7 +610,7 @@ def load(path, compute="bytes", device=0, carried_in=True, snapshot=None, cold="
     "end_of_forward" (Note [Cold points])."""
     if cold not in COLD_POINTS:
         raise ValueError(f"unknown cold point {cold!r}; known: {', '.join(COLD_POINTS)}")
-    data = read(path) if snapshot is None else snapshot
+    data = read(path) if snapshot is None else check(snapshot, os.fspath(path))
     source = os.path.basename(os.fspath(path))
     model = _compute_model(compute)
     traces = data["device_traces"]
