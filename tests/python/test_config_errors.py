@@ -19,7 +19,8 @@ clear errors, before anything runs.
                surrogate, 1.5, nan, True for a size, a list: each refused with ConfigError
                naming VRAMSWAP_LIMIT and the value, nothing applied; 2.0 * MiB (a float with no
                fraction), True for VRAMSWAP_VERIFY and None are accepted; the limit in force
-               afterwards is the one last accepted.
+               afterwards is the one last accepted. offload(min_bytes=1.5) and
+               offload(horizon="8\\x00") are refused the same way.
   oom          an allocation past the limit, in the forward and in backward, raises
                vramswap.OutOfMemoryError, which is torch.cuda.OutOfMemoryError and a
                RuntimeError, with one "vramswap: " at the start of its message.
@@ -181,6 +182,13 @@ def case_values():
     check(vramswap.sim.installed(), "limit=2.0 * 32 MiB (a float with no fraction), verify=True and "
                                     "horizon=None are accepted")
     refused(lambda: vramswap.sim.install_cpu(limit=3.25), [limit, "3.25"], "a second install_cpu(limit=3.25)")
+
+    def scope(**kw):
+        with vramswap.offload(**kw):
+            pass
+    refused(lambda: scope(min_bytes=1.5), ["VRAMSWAP_MIN_OFFLOAD_BYTES", "1.5", "fractional"],
+            "offload(min_bytes=1.5)")
+    refused(lambda: scope(horizon="8\x00"), ["VRAMSWAP_HORIZON", "NUL"], "offload(horizon='8\\x00')")
     t = torch.empty(MIB // 4)
     stats = vramswap.memory_stats()
     check(stats["device_limit_bytes"] == 64 * MIB,

@@ -214,14 +214,9 @@ def offload(horizon=None, min_bytes=None):
     """Tensors saved for backward inside this scope may be evicted to host memory when
     memory is short, and are brought back (at the same address) before backward uses them.
     `horizon` / `min_bytes` set VRAMSWAP_HORIZON / VRAMSWAP_MIN_OFFLOAD_BYTES (the horizon
-    only before vramswap's first allocation). Scopes nest."""
-    lib = _lib.lib()
-    if horizon is not None:
-        _lib.check(lib.vramswap_configure(b"VRAMSWAP_HORIZON", str(horizon).encode()),
-                   "offload(horizon)")
-    if min_bytes is not None:
-        _lib.check(lib.vramswap_configure(b"VRAMSWAP_MIN_OFFLOAD_BYTES", str(min_bytes).encode()),
-                   "offload(min_bytes)")
+    only before vramswap's first allocation), as install(**config) takes them: a refused
+    value raises ConfigError (a ValueError) naming the variable. Scopes nest."""
+    _lib.configure(_lib.lib(), {"VRAMSWAP_HORIZON": horizon, "VRAMSWAP_MIN_OFFLOAD_BYTES": min_bytes})
     _tracker.enter()
     try:
         with torch.autograd.graph.saved_tensors_hooks(_tracker.pack, _tracker.unpack):
