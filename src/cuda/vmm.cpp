@@ -79,6 +79,12 @@ Mapping& Mapping::operator=(Mapping&& o) noexcept {
   }
   return *this;
 }
+void Mapping::unmap() {
+  if (!size_) return;
+  VRAMSWAP_CU(cuMemUnmap(address_, size_));
+  address_ = 0;
+  size_ = 0;
+}
 void Mapping::reset() noexcept {
   if (size_) cuMemUnmap(address_, size_);
   address_ = 0;

@@ -72,6 +72,10 @@ class Mapping {
   uint64_t size() const { return size_; }
   explicit operator bool() const { return size_ != 0; }
 
+  // Unmaps the range now. Throws CudaError, and then still owns the mapping (the range is
+  // still mapped): the caller can keep using it or try again.
+  void unmap();
+
  private:
   void reset() noexcept;
   uintptr_t address_ = 0;

@@ -12,6 +12,7 @@
 #include "pool/device_pool.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -33,9 +34,8 @@ namespace {
 // what kernels using vector loads expect.
 constexpr uint64_t kAlignment = 512;
 
-// The tag of a free block that any stream may reuse. Not a valid stream handle (0 is the
-// legacy default stream, so null cannot serve).
-const cudaStream_t kAnyStream = reinterpret_cast<cudaStream_t>(~uintptr_t(0));
+// The tag of a free block that any stream may reuse (any_stream() in the header).
+const cudaStream_t kAnyStream = any_stream();
 
 uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
@@ -99,11 +99,14 @@ class DevicePool::Impl {
   Result deallocate(void* ptr, cudaStream_t stream);
   Result record_stream(void* ptr, cudaStream_t stream);
   void* allocate_own_span(size_t size, cudaStream_t stream, std::string* error);
-  Result unmap_block(void* ptr);
+  Result unmap_block(void* ptr, bool* partly);
   Result map_block(void* ptr, MapWait wait);
   Result deallocate_to_any(void* ptr, cudaStream_t stream);
   void set_reclaimer(Reclaimer r) {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
+    // A call in progress runs a copy of the old reclaimer with no lock held: wait for it, so
+    // that its owner (the engine) may be destroyed once this returns.
+    reclaimer_idle_.wait(lock, [&] { return reclaimer_calls_ == 0; });
     reclaimer_ = std::move(r);
   }
   uint64_t granularity() const { return granularity_; }
@@ -156,15 +159,26 @@ class DevicePool::Impl {
   bool synchronize_and_retire(std::unique_lock<std::mutex>& lock, cudaStream_t only);
   // Merges every quick-listed block into the free index (slow paths need the whole picture).
   void flush_quick();
-  // Starts freeing the live block starting at `ptr`: end() with *refusal saying why not
-  // (foreign, double free, interior pointer), else the block, counted as freed, with
-  // *others the streams besides `stream` that used it.
-  BlockIt begin_free(void* ptr, cudaStream_t stream, Result* refusal, std::vector<cudaStream_t>* others);
+  // The live block starting at `ptr`, or end() with *refusal saying why not (foreign,
+  // double free, interior pointer).
+  BlockIt find_live(void* ptr, Result* refusal);
   // The streams besides `except` that used a live block (allocation and record_stream's).
   static std::vector<cudaStream_t> users_besides(const Block& block, cudaStream_t except);
-  // Makes a freed block pending behind events recorded now on `streams`; it becomes free
-  // with `tag_after` once they have completed.
-  void hold_back(BlockIt b, const std::vector<cudaStream_t>& streams, cudaStream_t tag_after);
+  // Records an event on each stream, all or none: false (with *why, and no event kept) when
+  // one cannot be recorded.
+  bool record_events(const std::vector<cudaStream_t>& streams, std::vector<cuda::Event>* events, std::string* why);
+  // Counts a live block as freed.
+  void count_free(BlockIt b);
+  // Makes a freed block pending behind `events`; it becomes free with `tag_after` once they
+  // have completed.
+  void hold_back(BlockIt b, std::vector<cuda::Event> events, cudaStream_t tag_after);
+  // deallocate() and deallocate_to_any(): the block goes back for `stream` (with `to_any`,
+  // for every stream once an event recorded now completes). Nothing changes on a refusal.
+  Result free_behind(void* ptr, cudaStream_t stream, bool to_any);
+  // The free's fallback when an event cannot be recorded: synchronizes the device (lock
+  // released), then frees the block for any stream. False with *result unchanged when the
+  // synchronization failed (the block stays live), or set when the block is no longer live.
+  bool free_after_device_synchronization(void* ptr, std::unique_lock<std::mutex>& lock, Result* result);
   // Waits (lock released) for the events of the blocks pending now, then frees them.
   void drain_pending(std::unique_lock<std::mutex>& lock);
   // The escalation under pressure, each measure costlier than the one before: unmap
@@ -218,6 +232,8 @@ class DevicePool::Impl {
   uint64_t mapped_ = 0;                      // bytes of mapped granules
   uint64_t peak_mapped_ = 0;
   Reclaimer reclaimer_;
+  int reclaimer_calls_ = 0;                  // calls of reclaimer_ in progress (lock released)
+  std::condition_variable reclaimer_idle_;   // notified when reclaimer_calls_ drops to 0
 
   uint64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   uint64_t num_allocs_ = 0, num_frees_ = 0, num_cache_hits_ = 0, num_ooms_ = 0;
@@ -440,9 +456,18 @@ void DevicePool::Impl::drain_pending(std::unique_lock<std::mutex>& lock) {
 bool DevicePool::Impl::call_reclaimer(uint64_t bytes, ReclaimMode mode, std::unique_lock<std::mutex>& lock) {
   if (!reclaimer_) return false;
   Reclaimer reclaim = reclaimer_;
+  ++reclaimer_calls_;
   lock.unlock();
-  const uint64_t freed = reclaim(bytes, mode);
+  uint64_t freed = 0;
+  try {
+    freed = reclaim(bytes, mode);
+  } catch (...) {
+    lock.lock();
+    if (--reclaimer_calls_ == 0) reclaimer_idle_.notify_all();
+    throw;
+  }
   lock.lock();
+  if (--reclaimer_calls_ == 0) reclaimer_idle_.notify_all();
   if (freed == 0) return false;
   poll_if_waiting();
   flush_quick();
@@ -589,17 +614,29 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
   return nullptr;
 }
 
-Result DevicePool::Impl::unmap_block(void* ptr) {
+Result DevicePool::Impl::unmap_block(void* ptr, bool* partly) {
+  if (partly) *partly = false;
   std::lock_guard lock(mu_);
   auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
   if (b == blocks_.end() || b->second.state != State::kLive || !b->second.own_span)
     return {false, "unmap of " + pointer_name(ptr) + ": not a live block with its own span"};
   if (b->second.unmapped) return {false, "unmap of " + pointer_name(ptr) + ": already unmapped"};
   cuda::ContextScope scope(device_);
+  uint64_t done = 0;
   for (uint64_t g = granule_index(b->first), last = granule_index(b->first + b->second.size - 1); g <= last; ++g) {
-    granules_[g].mapping = cuda::Mapping();
+    if (!granules_[g].mapping) continue;  // a fetch that failed left it unmapped
+    try {
+      granules_[g].mapping.unmap();
+    } catch (const cuda::CudaError& e) {
+      // That granule stays mapped. The block counts as unmapped once any granule went (a
+      // later map_block maps what is missing); with none gone nothing changed.
+      b->second.unmapped = done > 0;
+      if (partly) *partly = done > 0;
+      return {false, "unmap of " + pointer_name(ptr) + ": " + e.what()};
+    }
     spare_.push_back(std::move(granules_[g].pages));
     mapped_ -= granularity_;
+    ++done;
   }
   b->second.unmapped = true;
   return {};
@@ -628,15 +665,9 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait) {
   return {false, "map of " + pointer_name(ptr) + " (" + format_size(size) + "): refused by " + why};
 }
 
-DevicePool::Impl::BlockIt DevicePool::Impl::begin_free(void* ptr, cudaStream_t stream, Result* refusal,
-                                                        std::vector<cudaStream_t>* others) {
+DevicePool::Impl::BlockIt DevicePool::Impl::find_live(void* ptr, Result* refusal) {
   auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (b != blocks_.end() && b->second.state == State::kLive) {
-    *others = users_besides(b->second, stream);
-    allocated_ -= b->second.size;
-    ++num_frees_;
-    return b;
-  }
+  if (b != blocks_.end() && b->second.state == State::kLive) return b;
   if (!owns(ptr)) *refusal = {false, "free of " + pointer_name(ptr) + ": not a pointer vramswap allocated"};
   else if (b != blocks_.end()) *refusal = {false, "free of " + pointer_name(ptr) + ": already freed (double free)"};
   else
@@ -646,40 +677,99 @@ DevicePool::Impl::BlockIt DevicePool::Impl::begin_free(void* ptr, cudaStream_t s
 }
 
 std::vector<cudaStream_t> DevicePool::Impl::users_besides(const Block& block, cudaStream_t except) {
+  // A free that names no stream (kAnyStream) comes after a synchronization of everything
+  // the program queued; only streams named by record_stream (the engine's copy streams
+  // among them) are still waited for. kAnyStream itself is never a stream to wait on.
   std::vector<cudaStream_t> users = block.also_on;
-  users.push_back(block.tag);
+  if (except != kAnyStream) users.push_back(block.tag);
   std::erase(users, except);
+  std::erase(users, kAnyStream);
   std::sort(users.begin(), users.end());
   users.erase(std::unique(users.begin(), users.end()), users.end());
   return users;
 }
 
-void DevicePool::Impl::hold_back(BlockIt b, const std::vector<cudaStream_t>& streams, cudaStream_t tag_after) {
-  Pending p{{b->first}, {}, tag_after};
-  for (cudaStream_t s : streams) {
-    cuda::Event e = events_.acquire();
-    e.record(s);
-    p.events.push_back(std::move(e));
+bool DevicePool::Impl::record_events(const std::vector<cudaStream_t>& streams, std::vector<cuda::Event>* events,
+                                     std::string* why) {
+  try {
+    for (cudaStream_t s : streams) {
+      cuda::Event e = events_.acquire();
+      try {
+        e.record(s);
+      } catch (...) {
+        events_.release(std::move(e));
+        throw;
+      }
+      events->push_back(std::move(e));
+    }
+    return true;
+  } catch (const cuda::CudaError& e) {
+    for (auto& event : *events) events_.release(std::move(event));
+    events->clear();
+    *why = e.what();
+    return false;
   }
-  b->second.state = State::kPending;
-  b->second.also_on.clear();
-  pending_.push_back(std::move(p));
 }
 
-Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) {
+void DevicePool::Impl::count_free(BlockIt b) {
+  allocated_ -= b->second.size;
+  ++num_frees_;
+}
+
+void DevicePool::Impl::hold_back(BlockIt b, std::vector<cuda::Event> events, cudaStream_t tag_after) {
+  b->second.state = State::kPending;
+  b->second.also_on.clear();
+  pending_.push_back(Pending{{b->first}, std::move(events), tag_after});
+}
+
+bool DevicePool::Impl::free_after_device_synchronization(void* ptr, std::unique_lock<std::mutex>& lock,
+                                                         Result* result) {
+  lock.unlock();
+  const bool synchronized = cuda::synchronize_device(device_);
+  lock.lock();
+  BlockIt b = find_live(ptr, result);  // another thread may have freed it meanwhile
+  if (b == blocks_.end() || !synchronized) return false;
+  count_free(b);
+  release_block(b, kAnyStream);
+  return true;
+}
+
+Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any) {
   if (!ptr) return {};
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  Result result;
+  BlockIt b = find_live(ptr, &result);
+  if (b == blocks_.end()) return result;
   // Work queued before the free on every stream that used the block must finish before
   // another stream reuses it. The freeing stream orders reuse on itself; any other stream
-  // that used the block (the allocation stream, record_stream's) gets an event now.
-  Result refusal;
-  std::vector<cudaStream_t> others;
-  BlockIt b = begin_free(ptr, stream, &refusal, &others);
-  if (b == blocks_.end()) return refusal;
+  // that used the block (the allocation stream, record_stream's) gets an event now. Events
+  // are recorded before anything changes, so a refusal leaves the block live and counted.
+  std::vector<cudaStream_t> others = users_besides(b->second, stream);
+  const bool promote = to_any && stream != kAnyStream;
+  if (promote) others.push_back(stream);  // alone: a promotion; else behind all, then any stream
+  std::vector<cuda::Event> events;
+  std::string why;
+  if (!record_events(others, &events, &why)) {
+    // A stream that used the block takes no event (the program destroyed it, or CUDA
+    // refused): order reuse after everything on the device instead.
+    if (free_after_device_synchronization(ptr, lock, &result)) return {};
+    if (!result.ok) return result;
+    return {false, "free of " + pointer_name(ptr) + ": its reuse cannot be ordered after the streams that used it (" +
+                       why + "), and synchronizing device " + std::to_string(device_) +
+                       " failed too; the block stays allocated"};
+  }
+  count_free(b);
   Block& block = b->second;
-  if (!others.empty()) {
-    hold_back(b, others, stream);
-  } else if (auto& list = quick_[{stream, block.size}]; !block.own_span && list.size() < kQuickPerSize) {
+  if (promote && others.size() == 1 && others.front() == stream) {
+    // Reusable at once by the freeing stream (its later work is ordered after the free, as
+    // for deallocate()), and by any stream once the event recorded now completes.
+    const uintptr_t addr = b->first;
+    const uint64_t serial = ++next_serial_;
+    release_block(b, stream, serial);
+    promotions_.push_back({addr, serial, stream, std::move(events.front())});
+  } else if (!events.empty()) {
+    hold_back(b, std::move(events), to_any ? kAnyStream : stream);
+  } else if (auto& list = quick_[{stream, block.size}]; !to_any && !block.own_span && list.size() < kQuickPerSize) {
     block.state = State::kQuick;
     block.tag = stream;
     block.also_on.clear();
@@ -691,28 +781,9 @@ Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) {
   return {};
 }
 
-Result DevicePool::Impl::deallocate_to_any(void* ptr, cudaStream_t stream) {
-  if (!ptr) return {};
-  std::lock_guard lock(mu_);
-  Result refusal;
-  std::vector<cudaStream_t> streams;
-  BlockIt b = begin_free(ptr, stream, &refusal, &streams);
-  if (b == blocks_.end()) return refusal;
-  if (!streams.empty()) {  // other streams used it: behind all their events, then any stream
-    streams.push_back(stream);
-    hold_back(b, streams, kAnyStream);
-    return {};
-  }
-  // Reusable at once by the freeing stream (its later work is ordered after the free, as
-  // for deallocate()), and by any stream once the event recorded now completes.
-  cuda::Event event = events_.acquire();
-  event.record(stream);
-  const uintptr_t addr = b->first;
-  const uint64_t serial = ++next_serial_;
-  release_block(b, stream, serial);
-  promotions_.push_back({addr, serial, stream, std::move(event)});
-  return {};
-}
+Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) { return free_behind(ptr, stream, false); }
+
+Result DevicePool::Impl::deallocate_to_any(void* ptr, cudaStream_t stream) { return free_behind(ptr, stream, true); }
 
 Result DevicePool::Impl::record_stream(void* ptr, cudaStream_t stream) {
   std::lock_guard lock(mu_);
@@ -788,7 +859,7 @@ PoolStats DevicePool::stats() const { return impl_->stats(); }
 void* DevicePool::allocate_own_span(size_t size, cudaStream_t stream, std::string* error) {
   return impl_->allocate_own_span(size, stream, error);
 }
-Result DevicePool::unmap_block(void* ptr) { return impl_->unmap_block(ptr); }
+Result DevicePool::unmap_block(void* ptr, bool* partly) { return impl_->unmap_block(ptr, partly); }
 Result DevicePool::map_block(void* ptr, MapWait wait) { return impl_->map_block(ptr, wait); }
 Result DevicePool::deallocate_to_any(void* ptr, cudaStream_t stream) { return impl_->deallocate_to_any(ptr, stream); }
 void DevicePool::set_reclaimer(Reclaimer reclaimer) { impl_->set_reclaimer(std::move(reclaimer)); }

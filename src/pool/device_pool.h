@@ -50,6 +50,14 @@
 
 namespace vramswap::pool {
 
+// The stream argument that names no stream (not a valid stream handle: 0 is the legacy
+// default stream, so null cannot serve). allocate() with it gives a block every stream may
+// use at once (cudaMalloc's promise): only memory no stream's queued work can still touch.
+// deallocate() with it frees a block after the caller synchronized every stream that used
+// it (cudaFree's promise): reusable by every stream at once (streams record_stream named
+// are still waited for).
+inline cudaStream_t any_stream() { return reinterpret_cast<cudaStream_t>(~uintptr_t(0)); }
+
 struct PoolOptions {
   int device = 0;
   // Device memory the pool may map, in bytes; 0 means the whole card.
@@ -117,8 +125,11 @@ class DevicePool {
 
   // Unmaps the pages under a live own-span block (the caller ordered this after all work
   // using it); they become spare pages, mapped again before any new page is created. The
-  // block stays live and keeps its address. Thread-safe.
-  Result unmap_block(void* ptr);
+  // block stays live and keeps its address. When CUDA refuses to unmap a granule, that
+  // granule stays mapped and the result is a refusal; *partly (may be null) then says
+  // whether other granules went already (the block then counts as unmapped: map_block maps
+  // what is missing) or nothing changed. Thread-safe.
+  Result unmap_block(void* ptr, bool* partly = nullptr);
 
   // How long map_block() may wait for memory: not at all (pages free now, or cached
   // granules no block uses), for the events of pending frees, or also for a device
@@ -147,8 +158,10 @@ class DevicePool {
   };
   // Called, with no pool lock held, when an allocation found no memory within the limit;
   // it should free at least `bytes` of device memory (for instance by unmap_block()ing
-  // evicted blocks) and return how much it freed (0: nothing). Set once, before
-  // allocations start.
+  // evicted blocks) and return how much it freed (0: nothing). Set before allocations
+  // start; setting another (nullptr included) waits for calls of the old one in progress,
+  // so its owner may be destroyed once set_reclaimer() returns (never call it from inside
+  // the reclaimer).
   using Reclaimer = std::function<uint64_t(uint64_t bytes, ReclaimMode mode)>;
   void set_reclaimer(Reclaimer reclaimer);
 

@@ -125,5 +125,45 @@ TEST_F(Refusals, RecordStreamRefusesWhatIsNotALiveBlock) {
   deallocate(q);
 }
 
+// A free that must order reuse after a stream the program has destroyed since (its
+// allocation stream, or one record_stream named) cannot record an event there. It still
+// frees the block exactly once: the pool orders reuse through the device instead, counts
+// the free once, and a second free is a double free that changes nothing.
+TEST_F(Refusals, AFreeAfterTheAllocationStreamWasDestroyedCountsOnce) {
+  auto* gone = new Stream();
+  ASSERT_CUDA_OK(gone->status());
+  void* p = allocate(kMiB, *gone);
+  ASSERT_NE(nullptr, p);
+  delete gone;
+  const Result first = pool().deallocate(p, stream_);
+  EXPECT_TRUE(first.ok) << first.message;
+  EXPECT_EQ(0u, stats().allocated_bytes);
+  EXPECT_EQ(1u, stats().num_frees);
+  const PoolStats before = stats();
+  EXPECT_TRUE(refused(pool().deallocate(p, stream_)));
+  EXPECT_TRUE(same_stats(before, stats()));
+  EXPECT_EQ(0u, stats().allocated_bytes);
+}
+
+TEST_F(Refusals, AFreeAfterARecordedStreamWasDestroyedCountsOnce) {
+  void* p = allocate(kMiB);
+  ASSERT_NE(nullptr, p);
+  {
+    Stream gone;
+    ASSERT_CUDA_OK(gone.status());
+    ASSERT_TRUE(pool().record_stream(p, gone).ok);
+  }
+  const Result first = pool().deallocate(p, stream_);
+  EXPECT_TRUE(first.ok) << first.message;
+  EXPECT_EQ(0u, stats().allocated_bytes);
+  const PoolStats before = stats();
+  EXPECT_TRUE(refused(pool().deallocate(p, stream_)));
+  EXPECT_TRUE(same_stats(before, stats()));
+  // The block is usable again: it was freed, not lost.
+  void* q = allocate(kMiB);
+  EXPECT_EQ(p, q);
+  deallocate(q);
+}
+
 }  // namespace
 }  // namespace pool_test

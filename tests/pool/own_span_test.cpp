@@ -1,6 +1,11 @@
 // The pool's support for eviction: own-span blocks, taking their pages away and giving
 // them back at the same address, spare pages, and the reclaimer (device_pool.h, "For the
 // residency engine").
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "pool_test_util.h"
@@ -132,6 +137,51 @@ TEST_F(OwnSpan, TheReclaimerRunsAtTheLimitAndItsPagesAreUsed) {
   EXPECT_NE(std::string::npos, error.find("out of memory")) << error;
   EXPECT_TRUE(pool().deallocate(p, nullptr).ok);
   EXPECT_TRUE(pool().deallocate(victim, nullptr).ok);
+}
+
+// set_reclaimer() is how the reclaimer's owner (the engine) detaches before it is destroyed.
+// The pool runs the reclaimer with no lock held, so a call may be in progress on another
+// thread: setting another reclaimer waits for it, or the owner would be destroyed under it.
+TEST_F(OwnSpan, SettingTheReclaimerWaitsForACallInProgress) {
+  const size_t g = granularity();
+  make_pool(2 * g);
+  void* full = own(2 * g);
+  ASSERT_NE(nullptr, full);
+  std::mutex mu;
+  std::condition_variable changed;
+  bool entered = false, let_go = false;
+  std::atomic<bool> detached{false};
+  std::atomic<bool> detached_while_running{false};
+  pool().set_reclaimer([&](uint64_t, DevicePool::ReclaimMode) -> uint64_t {
+    std::unique_lock lock(mu);
+    entered = true;
+    changed.notify_all();
+    changed.wait(lock, [&] { return let_go; });
+    if (detached) detached_while_running = true;
+    return 0;
+  });
+  std::thread allocating([&] {
+    std::string error;
+    EXPECT_EQ(nullptr, pool().allocate(g, nullptr, &error));  // the limit is full: it asks the reclaimer
+  });
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(changed.wait_for(lock, std::chrono::seconds(30), [&] { return entered; }));
+  }
+  std::thread detaching([&] {
+    pool().set_reclaimer(nullptr);
+    detached = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // time for a detach that does not wait
+  {
+    std::lock_guard lock(mu);
+    let_go = true;
+    changed.notify_all();
+  }
+  allocating.join();
+  detaching.join();
+  EXPECT_FALSE(detached_while_running) << "set_reclaimer returned while the old reclaimer still ran";
+  EXPECT_TRUE(pool().deallocate(full, nullptr).ok);
 }
 
 }  // namespace
