@@ -12,6 +12,7 @@
 #include "config/units.h"
 #include "cuda/device.h"
 #include "cuda/error.h"
+#include "cuda/stream.h"
 #include "stats/json_writer.h"
 #include "stats/log.h"
 
@@ -289,6 +290,19 @@ FreeOutcome Allocator::deallocate(void* ptr, int device_hint, cudaStream_t strea
     return FreeOutcome::kNotOwned;
   }
   if (owner_device) *owner_device = owner;
+  // cudaStreamPerThread is one handle for every thread's own stream, so the pool cannot
+  // tell their orders apart: another thread's allocation on it would reuse the block at once
+  // while this thread's work on it still runs. A free on it first waits for the calling
+  // thread's stream (both faces: the C ABI and the preload's cudaFreeAsync).
+  if (stream == cudaStreamPerThread && !cuda::synchronize_stream(cudaStreamPerThread)) {
+    char text[160];
+    std::snprintf(text, sizeof text,
+                  "free of %p on cudaStreamPerThread: synchronizing the calling thread's stream failed (or it "
+                  "is capturing a CUDA graph); the block stays allocated",
+                  ptr);
+    *error = text;
+    return FreeOutcome::kRefused;
+  }
   // The count is read before the pointer can be one of the engine's: a tagged block is
   // counted before allocate() returns it.
   residency::Engine* e = engine(owner);

@@ -10,13 +10,15 @@
 // (vramswap_preload.map). Every other CUDA function is not defined here and the real
 // libcudart serves it.
 //
-//   cudaMalloc            vramswap's pool, on the current device, tagged with the legacy
-//                         default stream. Size 0 gives nullptr and cudaSuccess, as CUDA does.
+//   cudaMalloc            vramswap's pool, on the current device: memory every stream may use
+//                         at once (pool::any_stream()), never a block a stream freed with
+//                         cudaFreeAsync while its queued work may still touch it. Size 0 gives
+//                         nullptr and cudaSuccess, as CUDA does.
 //   cudaMallocAsync(_ptsz) vramswap's pool, on the stream's device, for that stream.
 //   cudaFree              a vramswap pointer: the device is synchronized first, as the real
 //                         cudaFree does (a program may rely on it), then the block goes back
-//                         to the pool. Any other pointer (nullptr included) goes to the real
-//                         cudaFree.
+//                         to the pool for every stream. Any other pointer (nullptr included)
+//                         goes to the real cudaFree.
 //   cudaFreeAsync(_ptsz)  a vramswap pointer goes back to the pool in the stream's order;
 //                         any other goes to the real function. A free on the per-thread
 //                         default stream first synchronizes it: the pool tags blocks by
@@ -164,11 +166,7 @@ cudaError_t free_owned(Allocator& a, void* ptr, int owner, cudaStream_t stream) 
 cudaError_t free_async(void* ptr, cudaStream_t stream, int owner) {
   Allocator& a = Allocator::instance();
   a.mark_used();
-  stream = normalized(stream);
-  if (stream == cudaStreamPerThread) {
-    if (cudaError_t e = cudaStreamSynchronize(cudaStreamPerThread); e != cudaSuccess) return e;
-  }
-  return free_owned(a, ptr, owner, stream);
+  return free_owned(a, ptr, owner, normalized(stream));  // cudaStreamPerThread: see Allocator::deallocate
 }
 
 }  // namespace
@@ -190,7 +188,9 @@ VRAMSWAP_INTERPOSED cudaError_t cudaMalloc(void** ptr, size_t size) {
     }
     int device = 0;
     if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-    return vramswap::allocate(ptr, size, device, nullptr);
+    // Memory every stream may use at once, as the real cudaMalloc's: never a block some
+    // stream freed with cudaFreeAsync while its queued work may still touch it.
+    return vramswap::allocate(ptr, size, device, vramswap::pool::any_stream());
   } catch (const std::exception& e) {
     return vramswap::internal_error(__func__, &e);
   } catch (...) {
@@ -239,7 +239,8 @@ VRAMSWAP_INTERPOSED cudaError_t cudaFree(void* ptr) {
     if (current != owner && cudaSetDevice(owner) != cudaSuccess) return cudaErrorInvalidDevice;
     const cudaError_t synced = cudaDeviceSynchronize();
     if (current != owner) cudaSetDevice(current);
-    const cudaError_t freed = vramswap::free_owned(a, ptr, owner, nullptr);
+    // After the synchronization nothing queued touches the block: reusable by every stream.
+    const cudaError_t freed = vramswap::free_owned(a, ptr, owner, vramswap::pool::any_stream());
     return synced != cudaSuccess ? synced : freed;
   } catch (const std::exception& e) {
     return vramswap::internal_error(__func__, &e);

@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <condition_variable>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -571,6 +573,83 @@ TEST_F(Plugin, RecordStreamAndStreamOrderedReuse) {
   EXPECT_NE(last_error().find("not a pointer vramswap allocated"), std::string::npos) << last_error();
   a.stream_destroy(s1);
   a.stream_destroy(s2);
+}
+
+// cudasim's stand-in for a kernel that keeps `stream` busy for `ns` (real time: at most
+// 10 ms), or nullptr when the process does not run on cudasim.
+using SimKernel = int (*)(void*, uint64_t, const char*);
+SimKernel sim_kernel() {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  return driver ? reinterpret_cast<SimKernel>(dlsym(driver, "cudasim_kernel")) : nullptr;
+}
+
+// cudaStreamPerThread is one handle for every thread's own stream. A block freed on it by a
+// thread whose work on it is still queued must not go at once to another thread's
+// allocation on its own per-thread stream.
+TEST_F(Plugin, AFreeOnThePerThreadStreamWaitsForTheFreeingThreadsWork) {
+  const SimKernel kernel = sim_kernel();
+  if (!kernel) GTEST_SKIP() << "needs cudasim's kernel to keep a stream busy";
+  constexpr size_t n = 4 * kMiB;
+  void* first = nullptr;
+  std::mutex mu;
+  std::condition_variable changed;
+  bool freed = false, done = false;
+  std::thread a_thread([&] {
+    first = a.malloc(n, 0, cudaStreamPerThread);
+    ASSERT_NE(first, nullptr) << last_error();
+    // The runtime call first makes the device's context current on this thread, as the
+    // kernel (a driver-level call) needs.
+    EXPECT_EQ(a.memset_async(first, 0x11, n, cudaStreamPerThread), cudaSuccess);
+    EXPECT_EQ(kernel(cudaStreamPerThread, 10'000'000, "slow"), 0);
+    EXPECT_EQ(a.memset_async(first, 0xaa, n, cudaStreamPerThread), cudaSuccess);
+    a.free(first, n, 0, cudaStreamPerThread);
+    EXPECT_STREQ(a.last_error(), "");
+    std::unique_lock lock(mu);
+    freed = true;
+    changed.notify_all();
+    changed.wait(lock, [&] { return done; });  // keeps its stream's work alive meanwhile
+    a.stream_synchronize(cudaStreamPerThread);
+  });
+  {
+    std::unique_lock lock(mu);
+    changed.wait(lock, [&] { return freed; });
+  }
+  void* second = a.malloc(n, 0, cudaStreamPerThread);
+  ASSERT_NE(second, nullptr) << last_error();
+  EXPECT_EQ(a.memset_async(second, 0x55, n, cudaStreamPerThread), cudaSuccess);
+  EXPECT_EQ(a.stream_synchronize(cudaStreamPerThread), cudaSuccess);
+  {
+    std::lock_guard lock(mu);
+    done = true;
+    changed.notify_all();
+  }
+  a_thread.join();
+  std::vector<unsigned char> out(n, 0);
+  ASSERT_EQ(a.memcpy(out.data(), second, n, cudaMemcpyDeviceToHost), cudaSuccess);
+  const auto wrong = std::count_if(out.begin(), out.end(), [](unsigned char c) { return c != 0x55; });
+  EXPECT_EQ(wrong, 0) << "bytes of the block written by the other thread's queued work after it was reused"
+                      << (first == second ? " (same block)" : "");
+  a.free(second, n, 0, cudaStreamPerThread);
+}
+
+// A free must order reuse after the stream the block was allocated on; when the program has
+// destroyed that stream, the free still happens exactly once: counted once, and a second
+// free is reported as a double free, never subtracted again (allocated_bytes used to wrap).
+TEST_F(Plugin, AFreeAfterTheAllocationStreamWasDestroyedCountsOnce) {
+  cudaStream_t gone = nullptr, other = nullptr;
+  ASSERT_EQ(a.stream_create(&gone), cudaSuccess);
+  ASSERT_EQ(a.stream_create(&other), cudaSuccess);
+  const uint64_t before = counter("allocated_bytes");
+  void* p = a.malloc(kMiB, 0, gone);
+  ASSERT_NE(p, nullptr) << last_error();
+  ASSERT_EQ(a.stream_destroy(gone), cudaSuccess);
+  a.free(p, kMiB, 0, other);
+  EXPECT_STREQ(a.last_error(), "");
+  EXPECT_EQ(counter("allocated_bytes"), before);
+  a.free(p, kMiB, 0, other);
+  EXPECT_NE(last_error().find("double free"), std::string::npos) << last_error();
+  EXPECT_EQ(counter("allocated_bytes"), before);
+  a.stream_destroy(other);
 }
 
 TEST_F(Plugin, ManyThreadsAllocateAndFree) {

@@ -17,6 +17,10 @@
 //               vramswap_pack and vramswap_mark_cold; then, last block first,
 //               vramswap_unpack, cudaMemcpy back and compare, vramswap_release, cudaFree.
 //               Prints "offload: ok" when every byte came back.
+// --legacy-reuse  a block written on the legacy stream behind a slow kernel, freed there
+//               with cudaFreeAsync(p, 0), then a cudaMalloc and a write on a non-blocking
+//               stream: the new block must not be one the legacy stream's queued work still
+//               writes. Prints "legacy reuse: ok" when the non-blocking stream's bytes stayed.
 // Exit status: 0 when every check held, 1 otherwise (the failed check is on stderr).
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -134,13 +138,45 @@ void offload(size_t blocks) {
   if (failures == 0) std::printf("offload: ok\n");
 }
 
+// --legacy-reuse (see the top of the file). The slow kernel is cudasim's (found with dlsym;
+// on a GPU the memset alone is usually still queued): it keeps the legacy stream busy so
+// that its memset runs after the program's later write on the non-blocking stream, if that
+// write landed in the same memory.
+void legacy_reuse() {
+  constexpr size_t kBytes = 4 << 20;
+  using Kernel = int (*)(void*, uint64_t, const char*);
+  auto kernel = reinterpret_cast<Kernel>(dlsym(RTLD_DEFAULT, "cudasim_kernel"));
+  void* first = nullptr;
+  CHECK_CUDA(cudaMalloc(&first, kBytes));
+  if (kernel) CHECK(kernel(nullptr, 10'000'000, "slow") == 0);
+  CHECK_CUDA(cudaMemsetAsync(first, 0xaa, kBytes, nullptr));
+  CHECK_CUDA(cudaFreeAsync(first, nullptr));
+  void* second = nullptr;
+  CHECK_CUDA(cudaMalloc(&second, kBytes));
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaMemsetAsync(second, 0x55, kBytes, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<unsigned char> out(kBytes, 0);
+  CHECK_CUDA(cudaMemcpy(out.data(), second, kBytes, cudaMemcpyDeviceToHost));
+  const size_t wrong = size_t(std::count_if(out.begin(), out.end(), [](unsigned char c) { return c != 0x55; }));
+  std::printf("legacy reuse: %s (same address: %s, %zu of %zu bytes overwritten)\n", wrong ? "FAILED" : "ok",
+              first == second ? "yes" : "no", wrong, kBytes);
+  CHECK(wrong == 0);
+  CHECK_CUDA(cudaStreamDestroy(s));
+  CHECK_CUDA(cudaFree(second));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::printf("preload_app: start\n");
   std::fflush(stdout);
   unsigned long long oom_bytes = 0, big_bytes = 0, offload_blocks = 0;
+  bool reuse_after_legacy_free = false;
   for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--legacy-reuse") reuse_after_legacy_free = true;
     if (std::string(argv[i]) == "--oom" && i + 1 < argc) oom_bytes = std::strtoull(argv[++i], nullptr, 10);
     if (std::string(argv[i]) == "--big" && i + 1 < argc) big_bytes = std::strtoull(argv[++i], nullptr, 10);
     if (std::string(argv[i]) == "--offload" && i + 1 < argc) offload_blocks = std::strtoull(argv[++i], nullptr, 10);
@@ -243,6 +279,7 @@ int main(int argc, char** argv) {
   }
 
   if (offload_blocks) offload(offload_blocks);
+  if (reuse_after_legacy_free) legacy_reuse();
 
   if (big_bytes) {
     void* d = nullptr;
