@@ -47,6 +47,14 @@ bool is_capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+RelaxedCaptureScope::RelaxedCaptureScope() noexcept {
+  exchanged_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess;
+  if (!exchanged_) cudaGetLastError();
+}
+RelaxedCaptureScope::~RelaxedCaptureScope() {
+  if (exchanged_) cudaThreadExchangeStreamCaptureMode(&mode_);
+}
+
 bool synchronize_stream(cudaStream_t stream) {
   try {
     if (is_capturing(stream)) return false;  // a synchronization would break the capture

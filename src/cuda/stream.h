@@ -43,6 +43,22 @@ bool is_capturing(cudaStream_t stream);
 // the stream is capturing a CUDA graph or the call fails.
 bool synchronize_stream(cudaStream_t stream);
 
+// Puts the calling thread in the relaxed stream-capture mode for the scope's lifetime and
+// restores its mode after. In the global mode (CUDA's default) a potentially unsafe call
+// (mapping, pinned allocation, a synchronization) made while another thread captures a
+// graph invalidates that capture; vramswap's own work must never do that.
+class RelaxedCaptureScope {
+ public:
+  RelaxedCaptureScope() noexcept;
+  ~RelaxedCaptureScope();
+  RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
+  RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool exchanged_ = false;
+};
+
 // The device's greatest (most urgent) stream priority.
 int greatest_priority(int device);
 

@@ -23,6 +23,7 @@
 #include "cuda/event.h"
 #include "cuda/stream.h"
 #include "policy/use_order.h"
+#include "stats/log.h"
 
 namespace vramswap::residency {
 namespace {
@@ -44,15 +45,20 @@ struct Slot {
   bool unpacked = false;
   bool cancel = false;  // an eviction in flight whose result is no longer wanted
   cuda::Event cold_event;
+  cudaStream_t cold_stream = nullptr;  // where cold_event was recorded
   cuda::Event copy_event;
   void* host = nullptr;
+  void* check = nullptr;  // VRAMSWAP_VERIFY: the restored block read back, behind its fetch
   uint64_t checksum = 0;
 };
 
-// A host buffer that must outlive a copy still in flight (its block was freed).
+// A host buffer that must outlive a copy still in flight (its block was freed, or queuing
+// the rest of its work failed). With no event, the copy stream is synchronized before the
+// buffer goes back.
 struct Deferred {
   void* host;
   cuda::Event event;
+  cudaStream_t stream = nullptr;
 };
 
 constexpr int kDeviceShift = 56;
@@ -103,6 +109,7 @@ class Engine::Impl {
   Status release(uint64_t handle);
   Status prefetch(uint64_t handle);
   uint64_t reclaim(uint64_t bytes, ReclaimMode mode) {
+    cuda::RelaxedCaptureScope relaxed;
     std::lock_guard lock(mu_);
     return reclaim_locked(bytes, mode);
   }
@@ -122,8 +129,12 @@ class Engine::Impl {
     return (uint64_t(device_) << kDeviceShift) | (uint64_t(slot) << kSlotShift) | slots_[slot].generation;
   }
   static uint32_t slot_of(uint64_t handle) { return uint32_t((handle >> kSlotShift) & kSlotMask); }
-  void note_stream(cudaStream_t s) { streams_.insert(s); }
-  bool any_capturing();
+  // Records a block the pool placed for an allocation of `size` bytes (the strong
+  // guarantee: on an exception nothing is recorded).
+  void register_block(void* p, size_t size);
+  // Work a call does for later, after its own succeeded: landed copies, soft eviction.
+  // A failure is logged, never returned: the call's result stands.
+  void background(const char* after);
   bool evictable(uint32_t slot, const std::set<uint32_t>& window) const {
     const Slot& s = slots_[slot];
     return s.live && s.residency == Residency::kResident && s.cold && !s.unpacked && !window.count(slot);
@@ -138,7 +149,9 @@ class Engine::Impl {
   // memory is short. kPrefetch (the window): memory free now or behind pending frees'
   // events, else clean blocks needed later; it starts evictions for next time but never
   // waits for them. kAhead (past the window): memory free now only; nothing is given up.
-  enum class Fetch { kNeeded, kPrefetch, kAhead };
+  // kHint (vramswap_prefetch): memory free now or behind pending frees' events; nothing is
+  // given up or evicted for it.
+  enum class Fetch { kNeeded, kPrefetch, kAhead, kHint };
   // Maps the block's pages again and starts the H2D copy.
   Status start_fetch(uint32_t slot, Fetch kind);
   // With no fetch in flight: the next evicted block past the window, if memory below the
@@ -199,7 +212,10 @@ class Engine::Impl {
   std::set<uintptr_t> tagged_;
   std::vector<uint32_t> in_flight_;
   std::vector<Deferred> deferred_;
-  std::set<cudaStream_t> streams_;  // streams seen, for the capture check
+  // Why the last eviction could not get pinned memory (the out-of-memory report says it).
+  std::string host_refusal_;
+  // A fetch whose copy could not be queued left pages mapped under an evicted block.
+  bool broken_fetch_ = false;
   policy::UseOrder order_;
   uint64_t graph_ = 1, seq_ = 0;
   uint64_t unmapped_total_ = 0;  // device bytes freed by completed evictions, ever (reclaim's measure)
@@ -221,6 +237,7 @@ void Engine::Impl::update_peaks() {
 }
 
 void* Engine::Impl::allocate_tagged(size_t size, cudaStream_t stream, std::string* error) {
+  cuda::RelaxedCaptureScope relaxed;
   // The pool may call reclaim() (our lock) from here: not under mu_.
   void* p = pool_.allocate_own_span(size, stream, error);
   if (!p) {
@@ -228,33 +245,58 @@ void* Engine::Impl::allocate_tagged(size_t size, cudaStream_t stream, std::strin
     return nullptr;
   }
   std::lock_guard lock(mu_);
+  try {
+    register_block(p, size);
+  } catch (...) {
+    // Not registered: the block goes back, so that a failed allocation holds nothing.
+    pool_.deallocate(p, pool::any_stream());
+    throw;
+  }
+  background("a tagged allocation");
+  update_peaks();
+  return p;
+}
+
+void Engine::Impl::register_block(void* p, size_t size) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
   uint32_t slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
-    free_slots_.pop_back();
   } else {
-    slot = uint32_t(slots_.size());
     slots_.emplace_back();
+    slot = uint32_t(slots_.size() - 1);
+    free_slots_.push_back(slot);
   }
+  by_addr_[addr] = slot;
+  try {
+    std::lock_guard tlock(tagged_mu_);
+    tagged_.insert(addr);
+  } catch (...) {
+    by_addr_.erase(addr);
+    throw;
+  }
+  free_slots_.pop_back();  // nothing below throws
   Slot& s = slots_[slot];
   s.live = true;
-  s.addr = reinterpret_cast<uintptr_t>(p);
+  s.addr = addr;
   s.requested = size;
   const uint64_t g = pool_.granularity();
   s.placed = (size + g - 1) / g * g;
   s.residency = Residency::kResident;
-  by_addr_[s.addr] = slot;
-  {
-    std::lock_guard tlock(tagged_mu_);
-    tagged_.insert(s.addr);
-  }
   st_.tagged_bytes += s.placed;
   st_.tagged_waste_bytes += s.placed - s.requested;
-  note_stream(stream);
-  complete_copies(false);
-  maybe_soft_evict();
-  update_peaks();
-  return p;
+}
+
+void Engine::Impl::background(const char* after) {
+  try {
+    complete_copies(false);
+    maybe_soft_evict();
+  } catch (const std::exception& e) {
+    // Background work only: the call that triggered it succeeded. Every step is undone on
+    // failure (the blocks concerned stay where they were), so nothing is lost.
+    stats::log(stats::LogLevel::kWarn, "background eviction after %s on device %d failed: %s", after, device_,
+               e.what());
+  }
 }
 
 void Engine::Impl::untrack(Slot& s, uint32_t slot) {
@@ -270,12 +312,26 @@ void Engine::Impl::untrack(Slot& s, uint32_t slot) {
 }
 
 pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
+  cuda::RelaxedCaptureScope relaxed;
   std::lock_guard lock(mu_);
   auto it = by_addr_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == by_addr_.end()) return {false, "not a live tagged block"};
   const uint32_t slot = it->second;
+  try {
+    complete_copies(false);
+  } catch (const std::exception&) {
+    // A copy whose completion cannot be read now is handled as still in flight below.
+  }
   Slot& s = slots_[slot];
-  complete_copies(false);
+  const bool copying = s.residency == Residency::kEvicting || s.residency == Residency::kFetching;
+  // A copy still reads or writes the block: the pool must not reuse it before the copy
+  // stream is done (record_stream), and the host buffers must outlive the copy.
+  if (copying) pool_.record_stream(ptr, s.residency == Residency::kEvicting ? d2h_.get() : h2d_.get());
+  // Its granules are likely wanted soon by a prefetch on the copy stream: free it behind an
+  // event, not behind the next device synchronization. The pool first: if it refuses, the
+  // engine has changed nothing and the handle stays valid.
+  pool::Result freed = pool_.deallocate_to_any(ptr, stream);
+  if (!freed.ok) return freed;
   switch (s.residency) {
     case Residency::kResident:
       break;
@@ -288,16 +344,15 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
       break;
     case Residency::kEvicting:
     case Residency::kFetching:
-      // A copy still reads or writes the block: the pool must not reuse it before the
-      // copy stream is done, and the host buffer must outlive the copy.
-      pool_.record_stream(ptr, s.residency == Residency::kEvicting ? d2h_.get() : h2d_.get());
       deferred_.push_back({s.host, std::move(s.copy_event)});
+      if (s.check) deferred_.push_back({s.check, cuda::Event(), h2d_.get()});
       std::erase(in_flight_, slot);
       st_.in_flight_bytes -= s.placed;
       if (s.residency == Residency::kFetching) st_.evicted_bytes -= s.placed;
       break;
   }
   s.host = nullptr;
+  s.check = nullptr;
   untrack(s, slot);
   s.live = false;
   s.residency = Residency::kResident;
@@ -309,9 +364,7 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
   free_slots_.push_back(slot);
   st_.tagged_bytes -= s.placed;
   st_.tagged_waste_bytes -= s.placed - s.requested;
-  // Its granules are likely wanted soon by a prefetch on the copy stream: free it behind an
-  // event, not behind the next device synchronization.
-  return pool_.deallocate_to_any(ptr, stream);
+  return {};
 }
 
 uint64_t Engine::Impl::pack(const void* ptr, cudaStream_t stream) {
@@ -323,7 +376,7 @@ uint64_t Engine::Impl::pack(const void* ptr, cudaStream_t stream) {
   const uint32_t slot = it->second;
   Slot& s = slots_[slot];
   if (addr - s.addr >= s.placed) return 0;
-  note_stream(stream);
+  (void)stream;  // the save is ordered by the caller; pack queues no work
   const policy::UseKey key{graph_, ++seq_};
   if (s.packs == 0) {
     s.key = key;
@@ -360,28 +413,43 @@ Slot* Engine::Impl::resolve(uint64_t handle, const char* what, std::string* erro
 }
 
 Status Engine::Impl::mark_cold(uint64_t handle, cudaStream_t stream) {
+  cuda::RelaxedCaptureScope relaxed;
   std::lock_guard lock(mu_);
   std::string error;
   Slot* s = resolve(handle, "mark_cold", &error);
   if (!s) return {false, error};
-  note_stream(stream);
-  if (!s->cold_event) s->cold_event = events_.acquire();
-  s->cold_event.record(stream);  // everything that could still touch the block is before it
+  const std::string block = "mark_cold: block " + hex(s->addr);
+  try {
+    if (cuda::is_capturing(stream))
+      return {false, block + ": its stream is capturing a CUDA graph, where the point of no use cannot be "
+                             "recorded; the block stays in use (not evictable)"};
+    // Recorded before anything changes: a failure leaves the block as it was (not cold).
+    if (!s->cold_event) s->cold_event = events_.acquire();
+    s->cold_event.record(stream);  // everything that could still touch the block is before it
+  } catch (const cuda::CudaError& e) {
+    return {false, block + ": " + e.what() + "; the block stays in use (not evictable)"};
+  }
   s->cold = true;
+  s->cold_stream = stream;
   s->unpacked = false;
-  complete_copies(false);
-  maybe_soft_evict();
+  background("mark_cold");
   return {};
 }
 
 Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
+  cuda::RelaxedCaptureScope relaxed;
   std::lock_guard lock(mu_);
   std::string error;
   Slot* s = resolve(handle, "unpack", &error);
   if (!s) return {false, error};
   const uint32_t slot = slot_of(handle);
-  note_stream(stream);
-  complete_copies(false);
+  bool capturing = false;
+  try {
+    capturing = cuda::is_capturing(stream);
+    complete_copies(false);
+  } catch (const cuda::CudaError& e) {
+    return {false, "unpack of block " + hex(s->addr) + ": " + e.what()};
+  }
   switch (s->residency) {
     case Residency::kResident:
       break;
@@ -393,9 +461,9 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
       forget_host_copy(*s);
       break;
     case Residency::kEvicted: {
-      if (any_capturing())
+      if (capturing)
         return {false, "unpack of an evicted block (" + hex(s->addr) +
-                           ") while a stream is capturing a CUDA graph: it cannot be fetched now"};
+                           ") on a stream that is capturing a CUDA graph: it cannot be fetched now"};
       ++st_.num_faults;
       Status r = start_fetch(slot, Fetch::kNeeded);
       if (!r.ok) return r;
@@ -405,29 +473,49 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
       if (!s->copy_event.query()) ++st_.num_late_prefetches;
       break;
   }
-  s = &slots_[slot];  // start_fetch may have grown nothing, but keep the reference honest
-  if (s->residency == Residency::kFetching) cuda::wait_event(stream, s->copy_event);
+  s = &slots_[slot];
+  // Valid for work queued on `stream` from now on: after the fetch, or, for a block that
+  // never left, after the work queued on the stream that marked it cold (the last writes).
+  try {
+    const cuda::Event* after = nullptr;
+    if (s->residency == Residency::kFetching) after = &s->copy_event;
+    else if (s->cold && s->cold_event && s->cold_stream != stream) after = &s->cold_event;
+    if (after && capturing) {
+      after->synchronize();  // an event from outside the capture cannot join it: wait here
+    } else if (after) {
+      cuda::wait_event(stream, *after);
+    }
+  } catch (const cuda::CudaError& e) {
+    return {false, "unpack of block " + hex(s->addr) + ": ordering the stream after its data failed: " + e.what() +
+                       "; the block is on the device, call unpack again"};
+  }
   s->unpacked = true;
   s->cold = false;
   order_.set_cursor(s->key);
   // Prefetch the window; make room for it by giving up what is needed furthest away.
-  if (options_.horizon > 0 && !any_capturing()) {
-    for (uint32_t next : order_.window(options_.horizon)) {
-      Slot& n = slots_[next];
-      if (n.residency == Residency::kEvicting) {
-        n.cancel = true;
-      } else if (n.residency == Residency::kEvicted) {
-        if (!start_fetch(next, Fetch::kPrefetch).ok) break;  // make_room started evictions for next time
-        ++st_.num_prefetches;
+  if (options_.horizon > 0) {
+    try {
+      for (uint32_t next : order_.window(options_.horizon)) {
+        Slot& n = slots_[next];
+        if (n.residency == Residency::kEvicting) {
+          n.cancel = true;
+        } else if (n.residency == Residency::kEvicted) {
+          if (!start_fetch(next, Fetch::kPrefetch).ok) break;  // make_room started evictions for next time
+          ++st_.num_prefetches;
+        }
       }
+      if (in_flight_bytes(Residency::kFetching) == 0) fetch_ahead();
+    } catch (const std::exception& e) {
+      stats::log(stats::LogLevel::kWarn, "prefetch after an unpack on device %d failed: %s (the blocks concerned "
+                 "stay on the host and are fetched when unpacked)", device_, e.what());
     }
-    if (in_flight_bytes(Residency::kFetching) == 0) fetch_ahead();
   }
   update_peaks();
   return {};
 }
 
 Status Engine::Impl::release(uint64_t handle) {
+  cuda::RelaxedCaptureScope relaxed;
   std::lock_guard lock(mu_);
   std::string error;
   Slot* s = resolve(handle, "release", &error);
@@ -449,14 +537,20 @@ Status Engine::Impl::release(uint64_t handle) {
   // A fetch still in flight: an unpacked block's stream already waits for it; a block that
   // was never unpacked has no reader ordered after the fetch, so wait here.
   if (slots_[slot].residency == Residency::kFetching && !slots_[slot].unpacked) {
-    slots_[slot].copy_event.synchronize();
-    complete_copies(false);
+    try {
+      slots_[slot].copy_event.synchronize();
+      complete_copies(false);
+    } catch (const cuda::CudaError& e) {
+      return {false, "release: waiting for the fetch of block " + hex(slots_[slot].addr) + " failed: " + e.what() +
+                         "; the block stays packed, its handle valid"};
+    }
   }
   untrack(slots_[slot], slot);
   return {};
 }
 
 Status Engine::Impl::prefetch(uint64_t handle) {
+  cuda::RelaxedCaptureScope relaxed;
   std::lock_guard lock(mu_);
   std::string error;
   Slot* s = resolve(handle, "prefetch", &error);
@@ -465,33 +559,42 @@ Status Engine::Impl::prefetch(uint64_t handle) {
   complete_copies(false);
   if (s->residency == Residency::kEvicting) s->cancel = true;
   if (s->residency != Residency::kEvicted) return {};  // on the device (a clean block too)
-  if (any_capturing()) return {false, "prefetch: a stream is capturing a CUDA graph; nothing is copied now"};
-  Status r = start_fetch(slot, Fetch::kPrefetch);
+  Status r = start_fetch(slot, Fetch::kHint);
   if (r.ok) ++st_.num_prefetches;
   return r;
 }
 
-bool Engine::Impl::any_capturing() {
-  for (auto it = streams_.begin(); it != streams_.end();) {
-    try {
-      if (cuda::is_capturing(*it)) return true;
-      ++it;
-    } catch (const cuda::CudaError&) {
-      it = streams_.erase(it);  // destroyed since we saw it
-    }
-  }
-  return false;
-}
-
 bool Engine::Impl::start_eviction(uint32_t slot) {
   Slot& s = slots_[slot];
+  if (s.requested > host_.limit_bytes()) {
+    host_refusal_ = "block " + hex(s.addr) + " (" + format_size(s.requested) +
+                    ") is larger than the host tier's limit (VRAMSWAP_HOST_LIMIT, " + format_size(host_.limit_bytes()) +
+                    "): it can never be evicted";
+    return false;
+  }
   std::string error;
   void* host = host_.allocate(s.requested, &error);
-  if (!host) return false;
-  cuda::wait_event(d2h_.get(), s.cold_event);
-  cuda::copy_async(host, reinterpret_cast<void*>(s.addr), s.requested, d2h_.get());
-  s.copy_event = events_.acquire();
-  s.copy_event.record(d2h_.get());
+  if (!host) {
+    host_refusal_ = "no pinned host memory for block " + hex(s.addr) + " (" + format_size(s.requested) + "): " + error;
+    return false;
+  }
+  cuda::Event copied;
+  bool queued = false;
+  try {
+    copied = events_.acquire();
+    cuda::wait_event(d2h_.get(), s.cold_event);
+    cuda::copy_async(host, reinterpret_cast<void*>(s.addr), s.requested, d2h_.get());
+    queued = true;
+    copied.record(d2h_.get());
+  } catch (const cuda::CudaError& e) {
+    // Nothing left the device: the block stays resident and cold. Its host buffer goes back
+    // once nothing queued can write it any more.
+    if (copied) events_.release(std::move(copied));
+    if (queued) deferred_.push_back({host, cuda::Event(), d2h_.get()});
+    else host_.free(host);
+    throw;
+  }
+  s.copy_event = std::move(copied);
   s.host = host;
   s.cancel = false;
   s.residency = Residency::kEvicting;
@@ -528,6 +631,9 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind) {
     case Fetch::kAhead:
       mapped = pool_.map_block(addr, MapWait::kNone);
       break;
+    case Fetch::kHint:
+      mapped = pool_.map_block(addr, MapWait::kPendingFrees);
+      break;
     case Fetch::kPrefetch:
       // Never synchronizes the device: memory free at once or freed behind an event (a tagged
       // block freed by backward), waiting for that event; else clean blocks needed later.
@@ -545,9 +651,34 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind) {
   if (!mapped.ok)
     return {false, "cannot bring block " + hex(s.addr) + " (" + format_size(s.placed) +
                        ") back to the device: " + mapped.message};
-  cuda::copy_async(reinterpret_cast<void*>(s.addr), s.host, s.requested, h2d_.get());
-  s.copy_event = events_.acquire();
-  s.copy_event.record(h2d_.get());
+  void* check = nullptr;
+  cuda::Event copied;
+  try {
+    copied = events_.acquire();
+    cuda::copy_async(addr, s.host, s.requested, h2d_.get());
+    if (options_.verify) {
+      // Read the restored block back before anyone can use it (readers wait for the event
+      // recorded after this): a later check would see the program's own writes.
+      std::string error;
+      check = host_.allocate(s.requested, &error);
+      if (check) cuda::copy_async(check, addr, s.requested, h2d_.get());
+    }
+    copied.record(h2d_.get());
+  } catch (const cuda::CudaError& e) {
+    // The block stays on the host, unmapped as it was, so that a later call can try again.
+    if (copied) events_.release(std::move(copied));
+    const bool quiet = cuda::synchronize_stream(h2d_.get());
+    if (check) {
+      if (quiet) host_.free(check);
+      else deferred_.push_back({check, cuda::Event(), h2d_.get()});
+    }
+    if (!quiet || !pool_.unmap_block(addr).ok)
+      broken_fetch_ = true;  // pages stay mapped; check_invariants() reports it
+    return {false, "cannot bring block " + hex(s.addr) + " back to the device: " + e.what() +
+                       "; it stays on the host (a later unpack tries again)"};
+  }
+  s.copy_event = std::move(copied);
+  s.check = check;
   s.residency = Residency::kFetching;
   in_flight_.push_back(slot);
   st_.in_flight_bytes += s.placed;
@@ -571,26 +702,19 @@ void Engine::Impl::finish(uint32_t slot) {
       ++st_.num_evictions;
     }
   } else {  // a fetch
-    if (options_.verify) {
-      // Read the restored device memory back and compare it with what was evicted.
-      std::string error;
-      void* check = host_.allocate(s.requested, &error);
-      if (check) {
-        cuda::copy_async(check, reinterpret_cast<void*>(s.addr), s.requested, d2h_.get());
-        cuda::Event done = events_.acquire();
-        done.record(d2h_.get());
-        done.synchronize();
-        events_.release(std::move(done));
-        const uint64_t got = checksum(check, s.requested);
-        host_.free(check);
-        if (got != s.checksum) {
-          ++st_.num_verify_failures;
-          std::fprintf(stderr,
-                       "vramswap: error: VRAMSWAP_VERIFY: block %s (%llu bytes) on device %d came back "
-                       "different from what was evicted (checksum %s, expected %s)\n",
-                       hex(s.addr).c_str(), static_cast<unsigned long long>(s.requested), device_, hex(got).c_str(),
-                       hex(s.checksum).c_str());
-        }
+    if (s.check) {
+      // The readback queued behind the fetch (start_fetch) has landed with it.
+      const uint64_t got = checksum(s.check, s.requested);
+      host_.free(s.check);
+      s.check = nullptr;
+      if (got != s.checksum) {
+        ++st_.num_verify_failures;
+        stats::log_always(stats::LogLevel::kError,
+                          ("VRAMSWAP_VERIFY: block " + hex(s.addr) + " (" + std::to_string(s.requested) +
+                           " bytes) on device " + std::to_string(device_) +
+                           " came back different from what was evicted (checksum " + hex(got) + ", expected " +
+                           hex(s.checksum) + ")")
+                              .c_str());
       }
     }
     host_.free(s.host);
@@ -619,13 +743,15 @@ void Engine::Impl::complete_copies(bool wait) {
 
 void Engine::Impl::drop_deferred(bool wait) {
   for (size_t i = 0; i < deferred_.size();) {
-    if (wait) deferred_[i].event.synchronize();
-    else if (!deferred_[i].event.query()) {
+    Deferred& d = deferred_[i];
+    const bool done = d.event ? (wait ? (d.event.synchronize(), true) : d.event.query())
+                              : cuda::synchronize_stream(d.stream);
+    if (!done) {
       ++i;
       continue;
     }
-    host_.free(deferred_[i].host);
-    events_.release(std::move(deferred_[i].event));
+    host_.free(d.host);
+    if (d.event) events_.release(std::move(d.event));
     deferred_[i] = std::move(deferred_.back());
     deferred_.pop_back();
   }
@@ -646,12 +772,15 @@ uint64_t Engine::Impl::start_victims(uint64_t bytes, uint32_t except, bool windo
 
 void Engine::Impl::drop(uint32_t slot) {
   Slot& s = slots_[slot];
-  pool::Result r = pool_.unmap_block(reinterpret_cast<void*>(s.addr));
-  if (!r.ok) throw cuda::CudaError("eviction of " + hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
+  bool partly = false;
+  pool::Result r = pool_.unmap_block(reinterpret_cast<void*>(s.addr), &partly);
+  if (!r.ok && !partly) throw cuda::CudaError("eviction of " + hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
+  // Unmapped, or partly: the host copy is whole, and a fetch maps what is missing.
   s.residency = Residency::kEvicted;
   unmapped_total_ += s.placed;
   st_.clean_bytes -= s.placed;
   st_.evicted_bytes += s.placed;
+  if (!r.ok) throw cuda::CudaError("eviction of " + hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
 }
 
 uint64_t Engine::Impl::drop_clean(uint64_t bytes, uint32_t except, bool window_too) {
@@ -688,7 +817,6 @@ uint64_t Engine::Impl::make_room(uint64_t bytes, uint32_t except, bool window_to
 }
 
 uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t except) {
-  if (any_capturing()) return 0;
   const uint64_t unmapped_before = unmapped_total_;
   auto freed = [&] { return unmapped_total_ - unmapped_before; };
   // Copies that already landed first: an eviction that completed leaves a clean block to
@@ -722,7 +850,6 @@ void Engine::Impl::maybe_soft_evict() {
   const uint64_t resident = mapped - std::min(mapped, st_.clean_bytes);
   const uint64_t leaving = in_flight_bytes(Residency::kEvicting);
   if (resident <= options_.soft_limit_bytes + leaving) return;
-  if (any_capturing()) return;
   start_victims(resident - options_.soft_limit_bytes - leaving, UINT32_MAX);
 }
 
@@ -735,7 +862,8 @@ std::string Engine::Impl::pressure_report() {
          " untagged, " + format_size(s.evictable_bytes) + " evictable (cold, outside the prefetch window of " +
          std::to_string(options_.horizon) + "), " + format_size(s.clean_bytes) + " copied out but still mapped, " +
          format_size(s.in_flight_bytes) + " in flight, " + format_size(s.evicted_bytes) + " on the host; host tier " +
-         format_size(s.host_bytes) + " used of " + format_size(host_.limit_bytes()) + ".";
+         format_size(s.host_bytes) + " used of " + format_size(host_.limit_bytes()) + "." +
+         (host_refusal_.empty() ? "" : " Eviction stopped: " + host_refusal_ + ".");
 }
 
 EngineStats Engine::Impl::stats() {
