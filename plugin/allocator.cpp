@@ -15,6 +15,7 @@
 #include "cuda/stream.h"
 #include "stats/json_writer.h"
 #include "stats/log.h"
+#include "stats/stats_file.h"
 
 namespace vramswap {
 namespace {
@@ -192,8 +193,18 @@ pool::DevicePool* Allocator::pool_or_create(int device, AllocError* error) {
   uint64_t limit = 0;
   residency::EngineOptions engine_options;
   try {
-    card_bytes = cuda::device_info(device).total_bytes;
+    const cuda::DeviceInfo info = cuda::device_info(device);
+    card_bytes = info.total_bytes;
     limit = config_.resolve_limit(card_bytes);
+    if (limit < info.granularity) {
+      // Every allocation maps at least one granule: such a limit would refuse them all.
+      error->kind = AllocError::Kind::kConfig;
+      error->message = "VRAMSWAP_LIMIT (" + format_size(limit) + " on device " + std::to_string(device) +
+                       ") is below the device's allocation granularity (" + format_size(info.granularity) +
+                       "), so nothing could be allocated: expected at least " + format_size(info.granularity);
+      log(LogLevel::kError, "%s", error->message.c_str());
+      return nullptr;
+    }
     auto created = std::make_unique<pool::DevicePool>(pool::PoolOptions{device, limit});
     engine_options.soft_limit_bytes = config_.resolve_soft_limit(limit);
     engine_options.host_limit_bytes = config_.host_limit.value_or(0);
@@ -463,6 +474,18 @@ void Allocator::mark_used() {
   if (user_pid_.load(std::memory_order_relaxed) == 0) user_pid_.store(static_cast<int>(::getpid()));
 }
 
+std::string Allocator::check_invariants() const {
+  std::string broken;
+  const int bound = device_bound_.load(std::memory_order_acquire);
+  for (int d = 0; d < bound; ++d) {
+    pool::DevicePool* p = pool(d);
+    if (!p) continue;
+    for (const std::string& why : {p->check_invariants(), engine(d)->check_invariants()})
+      if (!why.empty()) broken += (broken.empty() ? "" : "; ") + ("device " + std::to_string(d) + ": ") + why;
+  }
+  return broken;
+}
+
 void Allocator::write_stats_file() const {
   if (user_pid_.load() != static_cast<int>(::getpid())) return;  // see allocator.h
   std::string path;
@@ -478,31 +501,8 @@ void Allocator::write_stats_file() const {
     log(LogLevel::kWarn, "cannot write the statistics to %s: %s", path.c_str(), e.what());
     return;
   }
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    log(LogLevel::kWarn, "cannot write the statistics to %s: %s", temporary.c_str(), std::strerror(errno));
-    return;
-  }
-  const char* data = document.data();
-  size_t left = document.size();
-  bool ok = true;
-  while (left > 0) {
-    ssize_t w = ::write(fd, data, left);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      ok = false;
-      break;
-    }
-    data += w;
-    left -= static_cast<size_t>(w);
-  }
-  const int saved_errno = errno;
-  if (::close(fd) != 0) ok = false;
-  if (!ok || ::rename(temporary.c_str(), path.c_str()) != 0) {
-    log(LogLevel::kWarn, "cannot write the statistics to %s: %s", path.c_str(),
-        std::strerror(ok ? errno : saved_errno));
-    ::unlink(temporary.c_str());
+  if (const std::string why = stats::write_stats_file(path, document); !why.empty()) {
+    log(LogLevel::kWarn, "cannot write the statistics to %s: %s", path.c_str(), why.c_str());
     return;
   }
   log(LogLevel::kInfo, "statistics written to %s", path.c_str());

@@ -168,6 +168,10 @@ class Allocator {
   };
   DeviceMemory device_memory(int device, uint64_t card_bytes) const;
 
+  // Every device's pool and engine invariants (vramswap_check_invariants): "" when all
+  // hold, else each broken one, "; "-separated and prefixed with its device. Thread-safe.
+  std::string check_invariants() const;
+
   // The statistics document (see vramswap.h, vramswap_stats_json, for its keys).
   // Thread-safe; consistent per device, not across devices.
   std::string stats_json() const;
@@ -176,8 +180,9 @@ class Allocator {
   // Cheap after the first call. Thread-safe (atomic).
   void mark_used();
 
-  // Writes stats_json() to VRAMSWAP_STATS_FILE if one is set (through a temporary file
-  // renamed into place, so a reader never sees half a document). Logs a failure at warn.
+  // Writes stats_json() to VRAMSWAP_STATS_FILE if one is set (stats::write_stats_file: a
+  // regular file is replaced atomically, a FIFO or device is written in place and never
+  // replaced, a symlink is followed). Logs a failure at warn.
   // Thread-safe; called by the atexit handler.
   void write_stats_file() const;
 

@@ -191,6 +191,16 @@ void vramswap_reset_peak_stats(void) noexcept {
   });
 }
 
+int vramswap_check_invariants(void) noexcept {
+  vramswap::clear_last_error();
+  return guarded<int>(__func__, -1, [] {
+    const std::string broken = used_allocator().check_invariants();
+    if (broken.empty()) return 0;
+    vramswap::set_last_error("vramswap_check_invariants: " + broken);
+    return -1;
+  });
+}
+
 void vramswap_scope_push(void) noexcept {
   vramswap::clear_last_error();
   Allocator::scope_push();

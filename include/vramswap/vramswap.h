@@ -89,7 +89,11 @@ void* vramswap_torch_malloc(size_t size, int device, struct CUstream_st* stream)
 
 /* Returns a block that vramswap_malloc() handed out. `stream` is the stream the block was
  * allocated on (torch passes it): the block is reusable at once by allocations on that
- * stream and by others only after the work queued on it so far has completed. `size` and
+ * stream and by others only after the work queued on it so far has completed. A free on
+ * cudaStreamPerThread first waits for the calling thread's own stream (that handle names a
+ * different stream on every thread). A free is all or nothing: if its reuse cannot be
+ * ordered (a stream that used the block was destroyed), the device is synchronized instead;
+ * if even that fails the block stays allocated and the last error says why. `size` and
  * `device` are hints (the pool that owns `ptr` is found from the address). NULL is a no-op.
  * A pointer vramswap did not hand out, or one already freed, sets the last error, logs a
  * warning and is otherwise ignored. Thread-safe. */
@@ -154,6 +158,14 @@ size_t vramswap_stats_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;
  * (torch.cuda.reset_peak_memory_stats). Thread-safe. */
 void vramswap_reset_peak_stats(void) VRAMSWAP_NOEXCEPT;
 
+/* A self-check for tests and for bug reports: checks the internal invariants of every
+ * device's pool and eviction engine (blocks tile the address range; the counters equal what
+ * the blocks add up to; every live or pending block has its pages; each evicted block has
+ * its host copy; no copy in flight is lost track of). Returns 0 when all hold; otherwise -1
+ * with the last error listing each broken invariant. Costs a walk over every block under
+ * each device's locks: not for a hot path. Thread-safe. */
+int vramswap_check_invariants(void) VRAMSWAP_NOEXCEPT;
+
 /* ---- Offloading: the scope and the tracker protocol (see "Offloading" above) ---- */
 
 /* Opens an offload scope on the calling thread: until the matching vramswap_scope_pop(),
@@ -194,11 +206,17 @@ void vramswap_graph_begin(void) VRAMSWAP_NOEXCEPT;
  * work queued on `stream` before this call (the last kernels that read the block) completes
  * before the block is copied out; work on other streams must be ordered before this point
  * by the caller. Returns 0; or -1 with the last error for a handle that is 0, stale
- * (released or freed), or not vramswap's, each named in the message. Thread-safe. */
+ * (released or freed), or not vramswap's, each named in the message, for a `stream` that is
+ * capturing a CUDA graph (the point of no use cannot be recorded there), or when CUDA
+ * refuses the record: after -1 the block is not cold and is never evicted for this call.
+ * Eviction this call sets off in the background never makes it fail (a failure there is
+ * logged and undone). Thread-safe. */
 int vramswap_mark_cold(uint64_t h, struct CUstream_st* stream) VRAMSWAP_NOEXCEPT;
 
 /* Backward needs the block of handle `h`: its contents are valid for all work queued on
- * `stream` after this call, at its original address. If the block was evicted it is
+ * `stream` after this call, at its original address (also when it never left the device
+ * and was marked cold on another stream: `stream` then waits for that point). If the block
+ * was evicted it is
  * fetched now (counted in num_faults); if its prefetch is still in flight `stream` waits
  * for it on the device (num_late_prefetches); the host thread blocks only when other
  * blocks must be evicted first to make room. Then the next VRAMSWAP_HORIZON blocks in
@@ -221,9 +239,9 @@ int vramswap_release(uint64_t h) VRAMSWAP_NOEXCEPT;
 /* A hint: the block of handle `h` will be needed soon, so start copying it back to the
  * device now if it was evicted (without waiting for the copy; a resident block is left as
  * it is). It is not an unpack: the block still needs vramswap_unpack() before use. Returns
- * 0; or -1 with the last error for a bad handle, when there is no device memory to map it
- * into without evicting (prefetch never evicts to make room), or during graph capture.
- * Thread-safe. */
+ * 0; or -1 with the last error for a bad handle, or when there is no device memory to map
+ * it into now (free memory, or memory freed behind the events of pending frees): a prefetch
+ * never evicts, drops or copies out another block to make room. Thread-safe. */
 int vramswap_prefetch(uint64_t h) VRAMSWAP_NOEXCEPT;
 
 #ifdef __cplusplus

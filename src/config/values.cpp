@@ -154,6 +154,10 @@ Parsed<uint64_t> parse_size_value(std::string_view text, std::string_view range)
   SizeParse p = parse_size_detailed(text);
   if (p.error == SizeError::kOverflow) out.reason = "too large: more than 2^64 - 1 bytes";
   if (p.error != SizeError::kNone) return out;
+  if (p.bytes == 0 && has_nonzero_digit(text)) {  // "0.1" means something, never "0 bytes"
+    out.reason = "rounds down to 0 bytes";
+    return out;
+  }
   if (p.bytes < bounds->lo || p.bytes > bounds->hi) {
     out.reason = kOutOfRange;
     return out;
@@ -181,10 +185,6 @@ Parsed<SizeOrPercent> parse_size_or_percent(std::string_view text) {
   Parsed<uint64_t> size = parse_size_value(text, "");
   if (!size.value) {
     out.reason = std::move(size.reason);
-    return out;
-  }
-  if (*size.value == 0 && has_nonzero_digit(text)) {
-    out.reason = "rounds down to 0 bytes";
     return out;
   }
   out.value = SizeOrPercent{SizeOrPercent::Kind::kBytes, *size.value, 0};

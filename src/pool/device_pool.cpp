@@ -112,6 +112,7 @@ class DevicePool::Impl {
   uint64_t granularity() const { return granularity_; }
   void empty_cache();
   PoolStats stats() const;
+  std::string check_invariants() const;
   void reset_peaks();
   bool owns(const void* ptr) const { return va_.contains(reinterpret_cast<uintptr_t>(ptr)); }
   int device() const { return device_; }
@@ -827,6 +828,61 @@ PoolStats DevicePool::Impl::stats() const {
   return s;
 }
 
+std::string DevicePool::Impl::check_invariants() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::string> broken;
+  auto expect = [&](bool holds, const std::string& what) {
+    if (!holds && broken.size() < 16) broken.push_back(what);
+  };
+  uintptr_t at = va_.base();
+  uint64_t live = 0, quick = 0, free_blocks = 0;
+  std::vector<bool> needs_pages(granules_.size(), false);
+  const Block* prev = nullptr;
+  for (const auto& [addr, b] : blocks_) {
+    expect(addr == at, "block " + pointer_name(reinterpret_cast<void*>(addr)) + " does not follow its neighbour");
+    expect(b.size > 0 && addr % kAlignment == 0 && b.size % kAlignment == 0,
+           "block " + pointer_name(reinterpret_cast<void*>(addr)) + " is not 512-byte aligned and sized");
+    at = addr + b.size;
+    if (b.state == State::kLive) live += b.size;
+    if (b.state == State::kQuick) ++quick;
+    if (b.state == State::kFree) {
+      ++free_blocks;
+      auto index = free_.find(b.tag);
+      expect(index != free_.end() && index->second.count({b.size, addr}) == 1,
+             "free block " + pointer_name(reinterpret_cast<void*>(addr)) + " is missing from the free index");
+      expect(!(prev && prev->state == State::kFree && prev->tag == b.tag),
+             "free blocks with the same tag next to each other at " + pointer_name(reinterpret_cast<void*>(addr)));
+    }
+    if (b.state != State::kFree && !(b.state == State::kLive && b.unmapped))
+      for (uint64_t g = granule_index(addr), last = granule_index(addr + b.size - 1); g <= last; ++g)
+        needs_pages[g] = true;
+    prev = &b;
+  }
+  expect(at == va_.base() + va_.size(), "the blocks do not cover the reservation");
+  expect(live == allocated_, "allocated_bytes " + std::to_string(allocated_) + " but live blocks hold " +
+                                 std::to_string(live));
+  expect(quick == quick_blocks_, "quick lists count " + std::to_string(quick_blocks_) + " blocks, " +
+                                     std::to_string(quick) + " are quick-listed");
+  uint64_t indexed = 0;
+  for (const auto& [tag, set] : free_) indexed += set.size();
+  expect(indexed == free_blocks, "the free index holds " + std::to_string(indexed) + " entries for " +
+                                     std::to_string(free_blocks) + " free blocks");
+  uint64_t mapped = 0;
+  for (uint64_t g = 0; g < granules_.size(); ++g) {
+    if (granules_[g].mapping) mapped += granularity_;
+    expect(!needs_pages[g] || granules_[g].mapping,
+           "granule " + std::to_string(g) + " under a block in use is not mapped");
+  }
+  expect(mapped == mapped_, "mapped_bytes " + std::to_string(mapped_) + " but " + std::to_string(mapped) +
+                                " bytes of granules are mapped");
+  expect(reserved_ == mapped_ + spare_.size() * granularity_,
+         "reserved_bytes " + std::to_string(reserved_) + " is not mapped plus spare");
+  expect(reserved_ <= limit_, "reserved_bytes " + std::to_string(reserved_) + " passed the limit");
+  std::string text;
+  for (const std::string& b : broken) text += (text.empty() ? "" : "; ") + b;
+  return text;
+}
+
 void DevicePool::Impl::reset_peaks() {
   std::lock_guard lock(mu_);
   peak_allocated_ = allocated_;
@@ -865,6 +921,7 @@ Result DevicePool::deallocate_to_any(void* ptr, cudaStream_t stream) { return im
 void DevicePool::set_reclaimer(Reclaimer reclaimer) { impl_->set_reclaimer(std::move(reclaimer)); }
 uint64_t DevicePool::granularity() const { return impl_->granularity(); }
 void DevicePool::reset_peaks() { impl_->reset_peaks(); }
+std::string DevicePool::check_invariants() const { return impl_->check_invariants(); }
 bool DevicePool::owns(const void* ptr) const { return impl_->owns(ptr); }
 int DevicePool::device() const { return impl_->device(); }
 

@@ -171,6 +171,11 @@ class DevicePool {
   // A consistent reading of the counters. Thread-safe.
   PoolStats stats() const;
 
+  // Checks the invariants of device_pool.cpp's opening comment and the counters against
+  // what the blocks add up to: "" when all hold, else each broken one ("; "-separated).
+  // Walks every block under the lock. Thread-safe.
+  std::string check_invariants() const;
+
   // Resets the peaks to the current values. Thread-safe.
   void reset_peaks();
 

@@ -49,6 +49,7 @@ struct Slot {
   cuda::Event copy_event;
   void* host = nullptr;
   void* check = nullptr;  // VRAMSWAP_VERIFY: the restored block read back, behind its fetch
+  bool pages_kept = false;  // evicted, but a failed fetch could not give its pages back
   uint64_t checksum = 0;
 };
 
@@ -114,6 +115,7 @@ class Engine::Impl {
     return reclaim_locked(bytes, mode);
   }
   EngineStats stats();
+  std::string check_invariants();
   void reset_peaks();
   void detach() { pool_.set_reclaimer(nullptr); }
   void trim_host() {
@@ -151,7 +153,8 @@ class Engine::Impl {
   // waits for them. kAhead (past the window): memory free now only; nothing is given up.
   // kHint (vramswap_prefetch): memory free now or behind pending frees' events; nothing is
   // given up or evicted for it.
-  enum class Fetch { kNeeded, kPrefetch, kAhead, kHint };
+  // kKept: the pages are still mapped (Slot::pages_kept).
+  enum class Fetch { kNeeded, kPrefetch, kAhead, kHint, kKept };
   // Maps the block's pages again and starts the H2D copy.
   Status start_fetch(uint32_t slot, Fetch kind);
   // With no fetch in flight: the next evicted block past the window, if memory below the
@@ -214,8 +217,6 @@ class Engine::Impl {
   std::vector<Deferred> deferred_;
   // Why the last eviction could not get pinned memory (the out-of-memory report says it).
   std::string host_refusal_;
-  // A fetch whose copy could not be queued left pages mapped under an evicted block.
-  bool broken_fetch_ = false;
   policy::UseOrder order_;
   uint64_t graph_ = 1, seq_ = 0;
   uint64_t unmapped_total_ = 0;  // device bytes freed by completed evictions, ever (reclaim's measure)
@@ -627,7 +628,11 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind) {
   using MapWait = pool::DevicePool::MapWait;
   void* const addr = reinterpret_cast<void*>(s.addr);
   pool::Result mapped;
+  if (s.pages_kept) kind = Fetch::kKept;
   switch (kind) {
+    case Fetch::kKept:  // a failed fetch left the pages mapped: nothing to map
+      s.pages_kept = false;
+      break;
     case Fetch::kAhead:
       mapped = pool_.map_block(addr, MapWait::kNone);
       break;
@@ -672,8 +677,10 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind) {
       if (quiet) host_.free(check);
       else deferred_.push_back({check, cuda::Event(), h2d_.get()});
     }
-    if (!quiet || !pool_.unmap_block(addr).ok)
-      broken_fetch_ = true;  // pages stay mapped; check_invariants() reports it
+    // Unmapped again once no copy can touch the pages; else they stay, and the next fetch
+    // uses them as they are.
+    bool partly = false;
+    if (!quiet || (!pool_.unmap_block(addr, &partly).ok && !partly)) s.pages_kept = true;
     return {false, "cannot bring block " + hex(s.addr) + " back to the device: " + e.what() +
                        "; it stays on the host (a later unpack tries again)"};
   }
@@ -881,6 +888,63 @@ EngineStats Engine::Impl::stats() {
   return s;
 }
 
+std::string Engine::Impl::check_invariants() {
+  std::lock_guard lock(mu_);
+  std::vector<std::string> broken;
+  auto expect = [&](bool holds, const std::string& what) {
+    if (!holds && broken.size() < 16) broken.push_back(what);
+  };
+  EngineStats sum;
+  size_t live = 0, copying = 0;
+  for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+    const Slot& s = slots_[slot];
+    if (!s.live) {
+      expect(!s.host && !s.check, "free slot " + std::to_string(slot) + " holds a host buffer");
+      continue;
+    }
+    ++live;
+    const std::string block = "block " + hex(s.addr);
+    auto at = by_addr_.find(s.addr);
+    expect(at != by_addr_.end() && at->second == slot, block + " is missing from the address map");
+    {
+      std::lock_guard tlock(tagged_mu_);
+      expect(tagged_.count(s.addr) == 1, block + " is missing from the tagged set");
+    }
+    sum.tagged_bytes += s.placed;
+    sum.tagged_waste_bytes += s.placed - s.requested;
+    const bool host = s.residency != Residency::kResident;
+    expect((s.host != nullptr) == host, block + (host ? " has no host buffer" : " holds a host buffer it does not need"));
+    expect(!s.check || s.residency == Residency::kFetching, block + " holds a verify buffer with no fetch");
+    if (s.residency == Residency::kClean) sum.clean_bytes += s.placed;
+    if (s.residency == Residency::kEvicted || s.residency == Residency::kFetching) sum.evicted_bytes += s.placed;
+    if (s.residency == Residency::kEvicting || s.residency == Residency::kFetching) {
+      ++copying;
+      sum.in_flight_bytes += s.placed;
+      expect(std::count(in_flight_.begin(), in_flight_.end(), slot) == 1, block + " has a copy nobody watches");
+      expect(bool(s.copy_event), block + " has a copy with no event");
+    }
+    if (s.packs > 0) ++sum.num_tracked_blocks;
+    expect(!s.cold || bool(s.cold_event), block + " is cold with no cold event");
+  }
+  expect(by_addr_.size() == live, "the address map holds " + std::to_string(by_addr_.size()) + " blocks for " +
+                                      std::to_string(live) + " live ones");
+  expect(in_flight_.size() == copying, "in_flight lists " + std::to_string(in_flight_.size()) + " copies for " +
+                                           std::to_string(copying));
+  auto same = [&](uint64_t counted, uint64_t added, const char* name) {
+    expect(counted == added, std::string(name) + " is " + std::to_string(counted) + " but the blocks add up to " +
+                                 std::to_string(added));
+  };
+  same(st_.tagged_bytes, sum.tagged_bytes, "tagged_bytes");
+  same(st_.tagged_waste_bytes, sum.tagged_waste_bytes, "tagged_waste_bytes");
+  same(st_.clean_bytes, sum.clean_bytes, "clean_bytes");
+  same(st_.evicted_bytes, sum.evicted_bytes, "evicted_bytes");
+  same(st_.in_flight_bytes, sum.in_flight_bytes, "in_flight_bytes");
+  same(st_.num_tracked_blocks, sum.num_tracked_blocks, "num_tracked_blocks");
+  std::string text;
+  for (const std::string& b : broken) text += (text.empty() ? "" : "; ") + b;
+  return text;
+}
+
 void Engine::Impl::reset_peaks() {
   std::lock_guard lock(mu_);
   st_.peak_host_bytes = host_.used_bytes();
@@ -907,6 +971,7 @@ EngineStats Engine::stats() const { return impl_->stats(); }
 void Engine::trim_host() { impl_->trim_host(); }
 std::string Engine::pressure_report() const { return impl_->pressure_report(); }
 void Engine::reset_peaks() { impl_->reset_peaks(); }
+std::string Engine::check_invariants() const { return impl_->check_invariants(); }
 int Engine::handle_device(uint64_t handle) { return handle == 0 ? -1 : int(handle >> kDeviceShift); }
 
 }  // namespace vramswap::residency

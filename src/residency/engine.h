@@ -39,8 +39,17 @@
 //   order are prefetched on the H2D copy stream.
 // * Handles are 64 bits: device (8) | slot (24) | generation (32). A stale handle (its
 //   block released or freed), a foreign one, or 0 is refused with a message.
-// * No eviction and no prefetch while any stream the engine has seen is capturing a CUDA
-//   graph (the copies and event waits would join or break the capture).
+// * CUDA graph capture: the engine's copies run on its own streams, after events recorded
+//   outside any capture, and its own CUDA calls run in the relaxed capture mode, so another
+//   stream's capture neither stops eviction nor is broken by it. Only the caller's stream
+//   matters where the engine queues work on it: mark_cold on a capturing stream is refused
+//   (its record would be a graph node, not a point in time), and unpack on one fetches
+//   nothing and waits for an event on the host instead of joining the capture.
+// * Errors: a call either succeeds or changes nothing it reports (an event is recorded
+//   before the state that depends on it changes; a failed eviction gives its host buffer
+//   back, a failed fetch unmaps its pages again). Work a call sets off for later (landed
+//   copies, soft eviction, the window's prefetches) is logged when it fails, never
+//   returned: the call's own result stands.
 //
 // Thread safety: one mutex per engine guards its state. It is held while copies are
 // queued and, when memory is needed at once, while waiting for eviction copies to
@@ -116,7 +125,8 @@ class Engine {
   bool is_tagged(const void* ptr) const;
 
   // Frees a tagged block in any state (an eviction or a fetch in flight is left to
-  // complete before the memory is reused; a host copy is dropped). Thread-safe.
+  // complete before the memory is reused; a host copy is dropped). The pool frees first: if
+  // it refuses, nothing changed. `stream` may be pool::any_stream(). Thread-safe.
   pool::Result free_tagged(void* ptr, cudaStream_t stream);
 
   // The handle of the tagged block holding `ptr` (any address inside it), or 0 when no live
@@ -145,6 +155,10 @@ class Engine {
   // Gives the host tier's unused pinned chunks back (cudaFreeHost synchronizes the device:
   // call it where that is acceptable, as empty_cache). Thread-safe.
   void trim_host();
+
+  // Checks the invariants of engine.cpp's opening comment and the counters against what the
+  // blocks add up to: "" when all hold, else each broken one. Thread-safe.
+  std::string check_invariants() const;
 
   // One sentence for an out-of-memory report: resident tagged, untagged, evictable and
   // in-flight bytes, and the host tier's use. Thread-safe.

@@ -45,6 +45,18 @@ TEST(SizeOrPercentValue, RefusesPercentagesOutsideZeroToHundredWithAReason) {
   EXPECT_EQ(parse_size_or_percent("16777216TiB").reason, "too large: more than 2^64 - 1 bytes");
 }
 
+// A size that means something but rounds down to nothing is refused, never taken as 0
+// (for VRAMSWAP_MIN_OFFLOAD_BYTES, 0 would tag every allocation in a scope).
+TEST(SizeValue, RefusesANonZeroValueThatRoundsDownToZeroBytes) {
+  for (const char* text : {"0.5", "0.5B", "0.0001KiB"}) {
+    Parsed<uint64_t> p = parse_size_value(text, "");
+    EXPECT_FALSE(p.value) << text;
+    EXPECT_EQ(p.reason, "rounds down to 0 bytes") << text;
+  }
+  EXPECT_EQ(parse_size_value("0", "").value, uint64_t{0});
+  EXPECT_EQ(parse_size_value("0.0KiB", "").value, uint64_t{0});
+}
+
 TEST(SizeOrPercentValue, RefusesMalformedTextWithoutAReason) {
   for (const char* text : {"", "%", " %", "80%%", "-5%", "80  %", "8.%", ".5%", "5.x%", "%80", "80% ", "1e2%",
                            "12XB", "GiB"}) {

@@ -1247,6 +1247,20 @@ TEST_F(PluginOffload, EngineSettingsFreezeWithThePoolButMinOffloadBytesDoesNot) 
 }
 
 // Registered on its own, with VRAMSWAP_LIMIT=12XB in the environment (CMakeLists.txt).
+// A limit below one allocation granule would refuse every allocation as "out of memory"; it
+// is a configuration error that says so, naming the variable and what is accepted.
+TEST(PluginTinyLimit, ALimitBelowOneGranuleIsAConfigurationError) {
+  const char* limit = std::getenv("VRAMSWAP_LIMIT");
+  if (!limit || std::string(limit) != "1MiB") GTEST_SKIP() << "needs VRAMSWAP_LIMIT=1MiB";
+  const Api& a = api();
+  ASSERT_NE(a.malloc, nullptr);
+  EXPECT_EQ(a.malloc(4096, 0, nullptr), nullptr);
+  const std::string error = last_error();
+  EXPECT_NE(error.find("VRAMSWAP_LIMIT"), std::string::npos) << error;
+  EXPECT_NE(error.find("granularity"), std::string::npos) << error;
+  EXPECT_EQ(error.find("out of memory"), std::string::npos) << error;
+}
+
 TEST(PluginBadEnvironment, AllocationIsRefusedUntilTheValueIsFixed) {
   const char* limit = std::getenv("VRAMSWAP_LIMIT");
   if (!limit || std::string(limit) != "12XB") GTEST_SKIP() << "needs VRAMSWAP_LIMIT=12XB";

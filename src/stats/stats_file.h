@@ -1,0 +1,21 @@
+// The statistics file (VRAMSWAP_STATS_FILE): writing a document to a path the user named,
+// without destroying what is there.
+//
+// A regular file, or nothing yet, is replaced atomically: the document goes to a temporary
+// file in the same directory, renamed over the path, so a reader never sees half a
+// document. A symbolic link is followed to what it names (the link stays a link). Anything
+// else the path already names (a FIFO, a character device, a socket) is written in place,
+// opened without creating or truncating and without blocking (a FIFO with no reader is an
+// error, not a hang): it is never replaced by a regular file. A directory is an error.
+#pragma once
+
+#include <string>
+
+namespace vramswap::stats {
+
+// Writes `document` to `path` as above. Returns "" on success, else why not (the path and
+// the system's reason). Thread-safe (no shared state; two writers of one path race as
+// their renames do).
+std::string write_stats_file(const std::string& path, const std::string& document);
+
+}  // namespace vramswap::stats
