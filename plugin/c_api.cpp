@@ -196,7 +196,7 @@ int vramswap_check_invariants(void) noexcept {
   return guarded<int>(__func__, -1, [] {
     const std::string broken = used_allocator().check_invariants();
     if (broken.empty()) return 0;
-    vramswap::set_last_error("vramswap_check_invariants: " + broken);
+    vramswap::set_last_error(broken);
     return -1;
   });
 }

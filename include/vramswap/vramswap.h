@@ -162,7 +162,7 @@ void vramswap_reset_peak_stats(void) VRAMSWAP_NOEXCEPT;
  * device's pool and eviction engine (blocks tile the address range; the counters equal what
  * the blocks add up to; every live or pending block has its pages; each evicted block has
  * its host copy; no copy in flight is lost track of). Returns 0 when all hold; otherwise -1
- * with the last error listing each broken invariant. Costs a walk over every block under
+ * with the last error listing each broken invariant ("device N: ...", "; "-separated). Costs a walk over every block under
  * each device's locks: not for a hot path. Thread-safe. */
 int vramswap_check_invariants(void) VRAMSWAP_NOEXCEPT;
 

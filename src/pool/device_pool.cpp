@@ -853,7 +853,7 @@ std::string DevicePool::Impl::check_invariants() const {
       expect(!(prev && prev->state == State::kFree && prev->tag == b.tag),
              "free blocks with the same tag next to each other at " + pointer_name(reinterpret_cast<void*>(addr)));
     }
-    if (b.state != State::kFree && !(b.state == State::kLive && b.unmapped))
+    if (b.state != State::kFree && !b.unmapped)  // an evicted block may be freed, then pending
       for (uint64_t g = granule_index(addr), last = granule_index(addr + b.size - 1); g <= last; ++g)
         needs_pages[g] = true;
     prev = &b;
