@@ -1,0 +1,254 @@
+// vramswap_stress: a shadow-model stress test of the real libvramswap.so on cudasim.
+//
+//   vramswap_stress --seed S [--seeds N] [--threads T] [--ops K] [--verify]
+//                   [--faults SPEC|auto] [--chaos] [--limit SIZE] [--keep-going] [--verbose]
+//                   [--trace] [--invariants-every N] [--known-bug NAME]...
+//
+// Each seed runs T threads of K random operations each (worker.h: what they do and what
+// counts as a failure) under VRAMSWAP_LIMIT (32MiB by default, so that cold blocks are
+// really evicted), then frees everything, empties vramswap's cache and checks that
+// nothing leaked: vramswap's allocated, tagged, host and tracked counts are 0, and
+// cudasim's device physical memory and pinned host memory are 0. With --faults, the rule
+// list (cudasim's CUDASIM_FAIL syntax; "auto" draws one per seed) is set after the
+// threads' setup and cleared before the cleanup. --seeds runs seeds S..S+N-1 in this
+// process one after another (the library and its limit stay). --chaos sets
+// CUDASIM_CHAOS=S before cudasim loads. --known-bug NAME tolerates the failures of a product
+// bug not fixed yet (known_bugs.h). A failure prints the seed, the thread, the
+// operation, the block and the command that reproduces it; the exit status is 0 when
+// every seed passed, 1 when one failed, 2 for a usage or setup error.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "library.h"
+#include "worker.h"
+
+#ifndef CUDASIM_LIBRARY_DIR
+#error "CUDASIM_LIBRARY_DIR must name the directory of cudasim's libraries"
+#endif
+#ifndef VRAMSWAP_LIBRARY_PATH
+#error "VRAMSWAP_LIBRARY_PATH must name the built libvramswap.so"
+#endif
+
+namespace {
+
+using stress::Options;
+
+constexpr const char* kUsage =
+    "usage: vramswap_stress --seed S [--seeds N] [--threads T] [--ops K] [--verify] [--faults SPEC|auto]\n"
+    "                       [--chaos] [--limit SIZE] [--invariants-every N] [--keep-going] [--verbose] [--trace]\n"
+    "                       [--known-bug NAME]... [--sim-dir DIR] [--library PATH]\n";
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr, "vramswap_stress: %s\n%s", why.c_str(), kUsage);
+  std::exit(2);
+}
+
+uint64_t number(const char* flag, const char* text, uint64_t min, uint64_t max) {
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text, &end, 10);
+  if (!*text || *end || v < min || v > max)
+    usage(std::string(flag) + " '" + text + "' is not an integer from " + std::to_string(min) + " to " +
+          std::to_string(max));
+  return v;
+}
+
+struct Parsed {
+  Options options;
+  bool keep_going = false;
+};
+
+Parsed parse(int argc, char** argv) {
+  Parsed p;
+  Options& o = p.options;
+  o.sim_dir = CUDASIM_LIBRARY_DIR;
+  o.library = VRAMSWAP_LIBRARY_PATH;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--seed") o.seed = number("--seed", value(), 0, UINT64_MAX / 2);
+    else if (a == "--seeds") o.seeds = number("--seeds", value(), 1, 1000000);
+    else if (a == "--threads") o.threads = int(number("--threads", value(), 1, 16));
+    else if (a == "--ops") o.ops = int(number("--ops", value(), 0, 10000000));
+    else if (a == "--verify") o.verify = true;
+    else if (a == "--faults") o.faults = value();
+    else if (a == "--chaos") o.chaos = true;
+    else if (a == "--limit") o.limit = value();
+    else if (a == "--invariants-every") o.invariants_every = int(number("--invariants-every", value(), 0, 1000000));
+    else if (a == "--known-bug") {
+      const char* name = value();
+      if (!stress::find_known_bug(name))
+        usage(std::string("--known-bug '") + name + "' is not a known bug; known: " + stress::known_bug_names());
+      o.known_bugs.push_back(name);
+    } else if (a == "--keep-going") p.keep_going = true;
+    else if (a == "--verbose") o.verbose = true;
+    else if (a == "--trace") o.trace = true;
+    else if (a == "--sim-dir") o.sim_dir = value();
+    else if (a == "--library") o.library = value();
+    else if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else usage("unknown argument '" + a + "'");
+  }
+  return p;
+}
+
+// The command line that runs `seed` alone with these options.
+std::string reproduce(const Options& o, uint64_t seed, const std::string& spec) {
+  std::string c = "vramswap_stress --seed " + std::to_string(seed) + " --threads " + std::to_string(o.threads) +
+                  " --ops " + std::to_string(o.ops) + " --limit " + o.limit;
+  if (o.verify) c += " --verify";
+  if (!spec.empty()) c += " --faults '" + spec + "'";
+  if (o.chaos) c += " --chaos";
+  for (const std::string& bug : o.known_bugs) c += " --known-bug " + bug;
+  if (const char* chaos = std::getenv("CUDASIM_CHAOS"); chaos && !o.chaos) c = "CUDASIM_CHAOS=" + std::string(chaos) + " " + c;
+  return c;
+}
+
+// What a fatal signal prints: set at the start of each seed (no allocation in the handler).
+char g_fatal_note[2048] = "vramswap_stress: fatal signal before the first seed\n";
+
+void on_fatal_signal(int sig) {
+  ssize_t ignored = write(STDERR_FILENO, g_fatal_note, std::strlen(g_fatal_note));
+  (void)ignored;
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+// A count that must be 0 at the end of a seed: a failure when it is not. A seed is judged
+// by what it added (`before`: the count when it started, 0 unless an earlier seed of the
+// process leaked), so one leak is reported once, by the seed that made it.
+void expect_nothing_left(const std::string& what, long long before, long long after, const std::string& where,
+                         stress::Failures* failures) {
+  if (after == 0 || after == before) return;
+  std::string m = where + ": " + what + " is " + std::to_string(after) + " after everything was freed and the cache emptied";
+  if (before != 0) m += " (" + std::to_string(before) + " when the seed started)";
+  failures->add(m);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Parsed parsed = parse(argc, argv);
+  const Options& o = parsed.options;
+  if (o.chaos && !std::getenv("CUDASIM_CHAOS")) setenv("CUDASIM_CHAOS", std::to_string(o.seed).c_str(), 1);
+  signal(SIGSEGV, on_fatal_signal);
+  signal(SIGBUS, on_fatal_signal);
+  signal(SIGABRT, on_fatal_signal);
+
+  stress::Library lib;
+  std::string error;
+  if (!lib.load(o.sim_dir, o.library, &error)) {
+    std::fprintf(stderr, "vramswap_stress: %s\n", error.c_str());
+    return 2;
+  }
+  // The engine's settings apply when the first pool is created: before any allocation.
+  const char* log = std::getenv("VRAMSWAP_LOG");
+  const std::pair<const char*, std::string> settings[] = {
+      {"VRAMSWAP_LIMIT", o.limit},
+      {"VRAMSWAP_VERIFY", o.verify ? "1" : "0"},
+      {"VRAMSWAP_MIN_OFFLOAD_BYTES", "1MiB"},
+      // Refusals are expected here (out of memory, injected faults); the driver checks each.
+      {"VRAMSWAP_LOG", log ? log : "off"},
+  };
+  for (const auto& [key, value] : settings)
+    if (lib.configure(key, value.c_str()) != 0) {
+      std::fprintf(stderr, "vramswap_stress: vramswap_configure(%s, %s): %s\n", key, value.c_str(), lib.last_error());
+      return 2;
+    }
+  if (!lib.check_invariants)
+    std::printf("vramswap_stress: this libvramswap.so has no vramswap_check_invariants; its checks are skipped\n");
+
+  std::vector<uint64_t> failed;
+  uint64_t ran = 0;
+  for (uint64_t seed = o.seed; seed < o.seed + o.seeds; ++seed) {
+    const std::string spec = o.faults == "auto" ? stress::auto_fault_spec(seed) : o.faults;
+    const std::string repro = reproduce(o, seed, spec);
+    std::snprintf(g_fatal_note, sizeof g_fatal_note, "vramswap_stress: fatal signal in seed %llu; reproduce: %s\n",
+                  (unsigned long long)seed, repro.c_str());
+    const std::string before = lib.stats();
+    const uint64_t injected_before = lib.failures_injected();
+    cudasim_counters sim_before{};
+    lib.get_counters(0, &sim_before);
+    const auto start = std::chrono::steady_clock::now();
+
+    ++ran;
+    std::vector<const stress::KnownBug*> known;
+    for (const std::string& name : o.known_bugs) known.push_back(stress::find_known_bug(name));
+    stress::Failures failures(known, spec);
+    stress::SeedStats stats;
+    stress::run_seed(lib, o, seed, spec, &failures, &stats);
+
+    // Nothing may be left: vramswap's counts, cudasim's device and pinned memory.
+    const std::string where = "seed " + std::to_string(seed) + " at the end";
+    if (lib.device_synchronize() != cudaSuccess)
+      failures.add(where + ": cudaDeviceSynchronize failed: " + lib.error_name(lib.get_last_error()));
+    lib.empty_cache();
+    if (*lib.last_error()) failures.add(where + ": vramswap_empty_cache: " + lib.last_error());
+    const std::string after = lib.stats();
+    for (const char* key : {"allocated_bytes", "num_tracked_blocks", "tagged_bytes", "host_bytes", "evicted_bytes",
+                            "in_flight_bytes"})
+      expect_nothing_left(std::string("vramswap_stats_json's ") + key, stress::stat_number(before, key),
+                          stress::stat_number(after, key), where, &failures);
+    const long long verify_failures =
+        stress::stat_number(after, "num_verify_failures") - stress::stat_number(before, "num_verify_failures");
+    if (verify_failures != 0)
+      failures.add(where + ": num_verify_failures grew by " + std::to_string(verify_failures));
+    cudasim_counters c{};
+    if (lib.get_counters(0, &c) != 0) {
+      failures.add(where + ": cudasim_get_counters failed");
+    } else {
+      expect_nothing_left("device memory in use (cudasim physical_bytes)", (long long)sim_before.physical_bytes,
+                          (long long)c.physical_bytes, where, &failures);
+      expect_nothing_left("pinned host memory in use (cudasim pinned_bytes)", (long long)sim_before.pinned_bytes,
+                          (long long)c.pinned_bytes, where, &failures);
+    }
+    if (lib.check_invariants && lib.check_invariants() != 0)
+      failures.add(where + ": vramswap_check_invariants: " + lib.last_error());
+
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const auto delta = [&](const char* key) {
+      return stress::stat_number(after, key) - stress::stat_number(before, key);
+    };
+    const std::vector<std::string> messages = failures.take();
+    const std::vector<stress::Failures::Seen> seen = failures.known_seen();
+    std::string known_note;
+    for (const auto& k : seen) known_note += std::string(known_note.empty() ? " (known bugs seen: " : ", ") +
+                                             k.bug->name + " x" + std::to_string(k.count);
+    if (!known_note.empty()) known_note += ")";
+    std::printf("seed %llu%s%s: %s in %.1f s: %llu ops, %llu reads (%.1f MiB checked), %llu packs, %llu cold, "
+                "%llu unpacks, %llu releases, %llu frees, %llu out of memory, %llu refused, %llu stale probes, "
+                "%lld evictions, %lld prefetches, %lld faults, %llu failures injected\n",
+                (unsigned long long)seed, spec.empty() ? "" : " faults ", spec.c_str(),
+                messages.empty() ? ("ok" + known_note).c_str() : "FAILED", seconds, (unsigned long long)stats.ops.load(),
+                (unsigned long long)stats.reads.load(), double(stats.bytes_checked.load()) / (1 << 20),
+                (unsigned long long)stats.packs.load(), (unsigned long long)stats.colds.load(),
+                (unsigned long long)stats.unpacks.load(), (unsigned long long)stats.releases.load(),
+                (unsigned long long)stats.frees.load(), (unsigned long long)stats.ooms.load(),
+                (unsigned long long)stats.refused.load(), (unsigned long long)stats.stale_probes.load(),
+                delta("num_evictions"), delta("num_prefetches"), delta("num_faults"),
+                (unsigned long long)(lib.failures_injected() - injected_before));
+    for (const auto& k : seen) std::printf("known bug %s: %s\n", k.bug->name, k.first.c_str());
+    std::fflush(stdout);
+    if (messages.empty()) continue;
+    failed.push_back(seed);
+    for (const std::string& m : messages) std::fprintf(stderr, "FAILURE: %s\n", m.c_str());
+    std::fprintf(stderr, "reproduce: %s\n", repro.c_str());
+    if (!parsed.keep_going) break;
+  }
+  if (o.seeds > 1) {
+    std::printf("vramswap_stress: %zu of %llu seeds failed", failed.size(), (unsigned long long)ran);
+    for (size_t i = 0; i < failed.size(); ++i) std::printf("%s%llu", i ? " " : ": ", (unsigned long long)failed[i]);
+    std::printf("\n");
+  }
+  return failed.empty() ? 0 : 1;
+}
