@@ -183,8 +183,9 @@ struct Block {
   uint64_t handle = 0;
   int refs = 0;
   State state = State::kPlain;
-  std::vector<unsigned char> shadow;
-  std::vector<std::string> history;
+  std::vector<unsigned char> shadow;    // what every byte must hold (once initialized)
+  std::vector<std::string> history;     // its last kHistory operations, for a failure report
+  bool trace = false;                   // --trace: print each operation as it is noted
 
   void note(const std::string& what) {
     if (history.size() == kHistory) history.erase(history.begin());
@@ -192,7 +193,6 @@ struct Block {
     if (trace) std::fprintf(stderr, "trace: thread %d block %llu %p: %s\n", int(id >> 32), (unsigned long long)id,
                             static_cast<void*>(ptr), what.c_str());
   }
-  bool trace = false;
 };
 
 struct Shared {
@@ -255,6 +255,10 @@ class Worker {
     for (size_t i = blocks_.size(); i-- > 0;) {
       Block& b = *blocks_[i];
       ++op_;
+      if (b.free_refused) {
+        free(i);
+        continue;
+      }
       switch (rng_() % 3) {
         case 0:  // backward: unpack, use, release
           if (unpack(b, b.cur)) {
@@ -289,7 +293,7 @@ class Worker {
     for (cudaEvent_t e : events_)
       if (lib_.event_destroy(e) != cudaSuccess) cuda_failed("cudaEventDestroy", nullptr);
     events_.clear();
-    if (!sync(cudaStreamPerThread)) return;
+    sync(cudaStreamPerThread);  // the thread's own default stream: nothing of it left queued
   }
 
  private:
