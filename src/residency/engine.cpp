@@ -112,7 +112,17 @@ class Engine::Impl {
   uint64_t reclaim(uint64_t bytes, ReclaimMode mode) {
     cuda::RelaxedCaptureScope relaxed;
     std::lock_guard lock(mu_);
-    return reclaim_locked(bytes, mode);
+    const uint64_t before = unmapped_total_;
+    host_refusal_.clear();  // the report of an out-of-memory after this says this round's reason
+    try {
+      return reclaim_locked(bytes, mode);
+    } catch (const std::exception& e) {
+      // The allocation that asked goes on with what was freed (its out-of-memory report, if
+      // it comes to that, says why eviction stopped); every step was undone or completed.
+      host_refusal_ = std::string("eviction failed: ") + e.what();
+      stats::log(stats::LogLevel::kWarn, "reclaiming memory on device %d failed: %s", device_, e.what());
+      return unmapped_total_ - before;
+    }
   }
   EngineStats stats();
   std::string check_invariants();
@@ -870,7 +880,7 @@ std::string Engine::Impl::pressure_report() {
          std::to_string(options_.horizon) + "), " + format_size(s.clean_bytes) + " copied out but still mapped, " +
          format_size(s.in_flight_bytes) + " in flight, " + format_size(s.evicted_bytes) + " on the host; host tier " +
          format_size(s.host_bytes) + " used of " + format_size(host_.limit_bytes()) + "." +
-         (host_refusal_.empty() ? "" : " Eviction stopped: " + host_refusal_ + ".");
+         (host_refusal_.empty() ? "" : " Eviction stopped: " + host_refusal_ + ".");  // the latest reason
 }
 
 EngineStats Engine::Impl::stats() {
