@@ -30,9 +30,9 @@ void Event::reset() noexcept {
 void Event::record(cudaStream_t stream) { VRAMSWAP_CUDART(cudaEventRecord(event_, stream)); }
 
 bool Event::query() const {
-  cudaError_t e = cudaEventQuery(event_);
+  const cudaError_t e = cudaEventQuery(event_);
   if (e == cudaErrorNotReady) return false;
-  VRAMSWAP_CUDART(e);
+  if (e != cudaSuccess) throw_runtime_error(e, "cudaEventQuery(event_)", __FILE__, __LINE__);
   return true;
 }
 

@@ -38,12 +38,12 @@ void wait_event(cudaStream_t stream, const Event& event) {
 
 bool is_capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  cudaError_t e = cudaStreamIsCapturing(stream, &status);
+  const cudaError_t e = cudaStreamIsCapturing(stream, &status);
   if (e == cudaErrorStreamCaptureImplicit) {  // the legacy stream, while a blocking stream captures
     cudaGetLastError();
     return true;
   }
-  VRAMSWAP_CUDART(e);
+  if (e != cudaSuccess) throw_runtime_error(e, "cudaStreamIsCapturing(stream, &status)", __FILE__, __LINE__);
   return status != cudaStreamCaptureStatusNone;
 }
 

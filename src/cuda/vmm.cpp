@@ -49,6 +49,12 @@ PhysicalPages& PhysicalPages::operator=(PhysicalPages&& o) noexcept {
   }
   return *this;
 }
+void PhysicalPages::release() {
+  if (!handle_) return;
+  VRAMSWAP_CU(cuMemRelease(handle_));
+  handle_ = 0;
+  size_ = 0;
+}
 void PhysicalPages::reset() noexcept {
   if (handle_) cuMemRelease(handle_);
   handle_ = 0;

@@ -51,6 +51,10 @@ class PhysicalPages {
   int device() const { return device_; }
   explicit operator bool() const { return handle_ != 0; }
 
+  // Gives the memory back to the driver now. Throws CudaError, and then still owns it: the
+  // caller keeps it and may try again (the destructor cannot report a refusal).
+  void release();
+
  private:
   void reset() noexcept;
   CUmemGenericAllocationHandle handle_ = 0;

@@ -345,7 +345,11 @@ void DevicePool::Impl::unmap_unused() {
   for (uint64_t g = 0; g < granules_.size(); ++g) {
     if (busy[g] || !granules_[g].mapping) continue;
     if (!scope) scope = std::make_unique<cuda::ContextScope>(device_);
-    granules_[g].mapping = cuda::Mapping();
+    try {
+      granules_[g].mapping.unmap();
+    } catch (const cuda::CudaError&) {
+      continue;  // CUDA refused: the granule stays mapped (and counted), to be tried again later
+    }
     spare_.push_back(std::move(granules_[g].pages));
     mapped_ -= granularity_;
   }
@@ -354,8 +358,16 @@ void DevicePool::Impl::unmap_unused() {
 void DevicePool::Impl::release_spare() {
   if (spare_.empty()) return;
   cuda::ContextScope scope(device_);
-  reserved_ -= spare_.size() * granularity_;
-  spare_.clear();
+  // One at a time: pages CUDA refuses to release stay spare (and counted), tried again later.
+  for (size_t i = spare_.size(); i-- > 0;) {
+    try {
+      spare_[i].release();
+    } catch (const cuda::CudaError&) {
+      continue;
+    }
+    spare_.erase(spare_.begin() + std::ptrdiff_t(i));
+    reserved_ -= granularity_;
+  }
 }
 
 void DevicePool::Impl::release_block(BlockIt b, cudaStream_t tag, uint64_t serial) {
