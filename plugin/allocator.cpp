@@ -241,11 +241,11 @@ pool::DevicePool* Allocator::pool_or_create(int device, AllocError* error) {
 }
 
 void* Allocator::allocate(size_t size, int device, cudaStream_t stream, AllocError* error) {
+  if (size == 0) return nullptr;  // never an error (vramswap.h), whatever the configuration
   if (blocked_.load(std::memory_order_acquire)) {
     config_error(error);
     return nullptr;
   }
-  if (size == 0) return nullptr;
   pool::DevicePool* p = pool_or_create(device, error);
   if (!p) return nullptr;
   const bool tagged = t_scope_depth > 0 && size >= min_offload_bytes_.load(std::memory_order_relaxed);

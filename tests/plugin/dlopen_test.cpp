@@ -1279,6 +1279,9 @@ TEST(PluginBadEnvironment, AllocationIsRefusedUntilTheValueIsFixed) {
     EXPECT_NE(what.find("VRAMSWAP_LIMIT='12XB'"), std::string::npos) << what;
   }
   EXPECT_NO_THROW(EXPECT_EQ(a.torch_malloc(0, 0, nullptr), nullptr));
+  // Size 0 is never an error (vramswap.h), even while a value is refused.
+  EXPECT_EQ(a.malloc(0, 0, nullptr), nullptr);
+  EXPECT_STREQ(a.last_error(), "");
   EXPECT_EQ(a.configure("VRAMSWAP_LIMIT", "64MiB"), 0) << last_error();
   void* p = a.malloc(kMiB, 0, nullptr);
   ASSERT_NE(p, nullptr) << last_error();
