@@ -22,7 +22,7 @@ def run(args, env, preload):
     full["LD_LIBRARY_PATH"] = args.sim_dir
     full.update(env)
     if preload:
-        full["LD_PRELOAD"] = args.preload
+        full["LD_PRELOAD"] = ":".join(args.preload_first + [args.preload])
     return subprocess.run([args.app] + args.app_args, env=full, capture_output=True, text=True, timeout=120)
 
 
@@ -39,6 +39,9 @@ def main():
     p.add_argument("--app", required=True)
     p.add_argument("--preload", required=True)
     p.add_argument("--sim-dir", required=True)
+    p.add_argument("--preload-first", action="append", default=[],
+                   help="a library preloaded before the preload (a sanitizer build's runtime, which "
+                        "must come first in a process the sanitizer did not build)")
     p.add_argument("--env", action="append", default=[], help="NAME=VALUE for the preloaded run")
     p.add_argument("--app-arg", dest="app_args", action="append", default=[])
     p.add_argument("--expect-exit", type=int, default=0)
