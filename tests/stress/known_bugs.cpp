@@ -9,34 +9,29 @@ namespace {
 bool has(const std::string& text, const char* what) { return text.find(what) != std::string::npos; }
 
 const KnownBug kKnownBugs[] = {
-    {"pending-free-unmapped",
-     "vramswap_free of an evicted tagged block (its pages unmapped) whose free must wait for other streams "
-     "(record_stream) leaves a pending block over unmapped granules: vramswap_check_invariants reports "
-     "\"granule N under a block in use is not mapped\" (the pool, or its check, misses that state). Alone: "
-     "vramswap_stress --seed 101 --threads 1 --ops 174 --invariants-every 1",
-     [](const std::string& failure, const std::string&) {
-       return has(failure, "vramswap_check_invariants") && has(failure, "under a block in use is not mapped");
+    {"leak-after-failed-map-release",
+     "when cuMemMap or cuMemSetAccess of newly created pages fails, the pool gives the pages back with "
+     "cuMemRelease; when that fails too, the physical memory is never freed (the refused release is not kept to "
+     "try again, as release_spare() now does). Alone: vramswap_stress --seed 1 --threads 1 --ops 10 --faults "
+     "cuMemMap:1,cuMemRelease:1 (or cuMemSetAccess:1,cuMemRelease:1)",
+     [](const std::string& failure, const std::string& spec) {
+       return has(spec, "cuMemRelease") && (has(spec, "cuMemMap") || has(spec, "cuMemSetAccess")) &&
+              has(failure, "cudasim physical_bytes");
      }},
-    {"unnamed-cuda-call",
-     "a failed cudaStreamIsCapturing (src/cuda/stream.cpp, is_capturing) or cudaEventQuery (src/cuda/event.cpp, "
-     "Event::query) is reported as \"e failed: <code>\": the last error does not name the CUDA call. Alone: "
-     "vramswap_stress --seed 1 --threads 1 --ops 300 --faults cudaEventQuery:p0.03",
-     [](const std::string& failure, const std::string&) {
-       return has(failure, "does not name the CUDA call") && has(failure, "(\"e failed: ");
+    {"pinned-leak-after-failed-free-host",
+     "when cudaFreeHost of a host tier chunk fails (src/residency/host_tier.cpp), the chunk is forgotten: its "
+     "256 MiB of pinned memory are never freed. Alone: vramswap_stress --seed 1 --threads 1 --ops 250 --faults "
+     "cudaFreeHost:1",
+     [](const std::string& failure, const std::string& spec) {
+       return has(spec, "cudaFreeHost") && has(failure, "cudasim pinned_bytes");
      }},
-    {"leak-after-failed-unmap",
-     "a cuMemUnmap that fails is ignored (cuda::Mapping's destructor): the pages stay mapped while the pool "
-     "counts them unmapped, so their device memory is never freed and that address range cannot be mapped "
-     "again (later cuMemMap calls there fail with CUDA_ERROR_INVALID_VALUE). Alone: vramswap_stress --seed 1 "
-     "--threads 1 --ops 300 --faults cuMemUnmap:1 --invariants-every 0",
+    {"leak-after-failed-unmap-and-create",
+     "with several threads, failed cuMemUnmap and cuMemCreate calls together sometimes leave 2 MiB of device "
+     "memory allocated after everything was freed and the cache emptied (not reproduced with one thread). "
+     "About 1 seed in 10: vramswap_stress --seed 1200 --seeds 16 --fork --keep-going --threads 3 --ops 300 "
+     "--faults cuMemUnmap:p0.05,cuMemCreate:p0.2",
      [](const std::string& failure, const std::string& spec) {
        return has(spec, "cuMemUnmap") && has(failure, "cudasim physical_bytes");
-     }},
-    {"leak-after-failed-release",
-     "a cuMemRelease that fails is ignored (cuda::PhysicalPages' destructor): the physical memory is never "
-     "freed. Alone: vramswap_stress --seed 1 --threads 1 --ops 300 --faults cuMemRelease:1 --invariants-every 0",
-     [](const std::string& failure, const std::string& spec) {
-       return has(spec, "cuMemRelease") && has(failure, "cudasim physical_bytes");
      }},
 };
 
