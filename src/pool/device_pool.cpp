@@ -145,6 +145,9 @@ class DevicePool::Impl {
   void unmap_unused();
   // Releases every spare page back to the driver.
   void release_spare();
+  // Pages map_range() took and could not use: created ones are released (kept as spare
+  // when CUDA refuses), recycled ones go back to the spare list.
+  void give_back(cuda::PhysicalPages pages, bool was_spare);
   // Checks pending events: blocks whose events all completed become free, and promoted
   // blocks (deallocate_to_any) whose event completed become free for any stream.
   void poll_pending();
@@ -304,8 +307,7 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
       try {
         granules_[g].mapping = cuda::Mapping(va_.base() + g * granularity_, pages);
       } catch (...) {
-        if (recycled) spare_.push_back(std::move(pages));
-        else reserved_ -= granularity_;
+        give_back(std::move(pages), recycled);
         throw;
       }
       granules_[g].pages = std::move(pages);
@@ -315,13 +317,12 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
       // The device is full: undo this call, so that a refused request leaves the device as
       // it found it for its other users (recycled pages go back to the spare list).
       for (auto [m, was_spare] : mapped_now) {
-        granules_[m].mapping = cuda::Mapping();
-        if (was_spare) {
-          spare_.push_back(std::move(granules_[m].pages));
-        } else {
-          granules_[m].pages = cuda::PhysicalPages();
-          reserved_ -= granularity_;
+        try {
+          granules_[m].mapping.unmap();
+        } catch (const cuda::CudaError&) {
+          continue;  // CUDA refused: it stays mapped, counted, an unused granule unmapped later
         }
+        give_back(std::move(granules_[m].pages), was_spare);
         mapped_ -= granularity_;
       }
       if (!e.out_of_memory()) throw;
@@ -333,6 +334,19 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
   peak_reserved_ = std::max(peak_reserved_, reserved_);
   peak_mapped_ = std::max(peak_mapped_, mapped_);
   return true;
+}
+
+void DevicePool::Impl::give_back(cuda::PhysicalPages pages, bool was_spare) {
+  if (!was_spare) {
+    try {
+      pages.release();
+      reserved_ -= granularity_;
+      return;
+    } catch (const cuda::CudaError&) {
+      // CUDA refused: kept as spare (still reserved), released again by release_spare().
+    }
+  }
+  spare_.push_back(std::move(pages));
 }
 
 void DevicePool::Impl::unmap_unused() {

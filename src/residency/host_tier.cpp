@@ -61,11 +61,16 @@ void* pin_chunk(int device, uint64_t bytes, std::string* error) {
   }
 }
 
-// Unpins a chunk. A failure is ignored: at exit the runtime may have shut down already
-// (cudaErrorCudartUnloading), and the memory then goes back with the process; otherwise
-// there is nothing better to do with a chunk the driver will not take back.
-void release_chunk(void* base) noexcept {
-  if (cudaFreeHost(base) != cudaSuccess) cudaGetLastError();  // not the program's error
+// Unpins a chunk; false when the driver refused twice (the caller keeps the chunk, to try
+// again at the next trim: forgetting it would leak its pinned memory). At exit a refusal
+// is ignored: the runtime may have shut down already (cudaErrorCudartUnloading), and the
+// memory goes back with the process.
+bool release_chunk(void* base) noexcept {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (cudaFreeHost(base) == cudaSuccess) return true;
+    cudaGetLastError();  // not the program's error
+  }
+  return false;
 }
 
 // ---- Best fit ----
@@ -251,6 +256,27 @@ struct HostTier::State {
   bool growing = false;
   std::unique_ptr<Placer> placer;
   std::map<uintptr_t, uint64_t> chunks;  // base -> size
+  // Chunks the driver refused to unpin: counted in `pinned` (they are), unpinned again at
+  // the next trim or growth.
+  std::vector<std::pair<void*, uint64_t>> refused;
+
+  // Takes `chunks` (base, size) off the books for release_outside(). Called with mu held.
+  std::vector<std::pair<void*, uint64_t>> take_refused() {
+    std::vector<std::pair<void*, uint64_t>> out;
+    out.swap(refused);
+    for (const auto& [base, size] : out) pinned.store(pinned.load() - size);
+    return out;
+  }
+  // Unpins chunks already off the books, with mu NOT held (cudaFreeHost synchronizes); a
+  // chunk the driver refuses goes back on them, in `refused`.
+  void release_outside(const std::vector<std::pair<void*, uint64_t>>& off) {
+    for (const auto& [base, size] : off) {
+      if (release_chunk(base)) continue;
+      std::lock_guard lock(mu);
+      refused.emplace_back(base, size);
+      pinned.store(pinned.load() + size);
+    }
+  }
 
   // Written under mu, read anywhere.
   std::atomic<uint64_t> used{0};
@@ -276,6 +302,7 @@ HostTier::~HostTier() {
   State& s = *state_;
   s.placer.reset();  // first: a placement may keep state inside the chunks (mimalloc)
   for (const auto& [base, size] : s.chunks) release_chunk(pointer(base));
+  for (const auto& [base, size] : s.refused) release_chunk(base);
 }
 
 void* HostTier::allocate(size_t bytes, std::string* error) {
@@ -311,17 +338,18 @@ void* HostTier::allocate(size_t bytes, std::string* error) {
     // least that holds the block does not fit, release chunks with no live block first.
     const uint64_t least = s.placer->chunk_bytes_for(size, 0);
     uint64_t headroom = s.limit - s.pinned.load();
-    std::vector<void*> released;
+    std::vector<std::pair<void*, uint64_t>> released;
     if (least > headroom) {
       if (least > headroom + s.placer->free_chunk_bytes()) {
         ++s.num_refused;
         message = s.refusal(bytes, "the limit is reached (VRAMSWAP_HOST_LIMIT)");
         return nullptr;
       }
-      released = s.placer->take_free_chunks();
-      for (void* base : released) {
+      released = s.take_refused();
+      for (void* base : s.placer->take_free_chunks()) {
         auto c = s.chunks.find(address(base));
         s.pinned.store(s.pinned.load() - c->second);
+        released.emplace_back(base, c->second);
         s.chunks.erase(c);
         ++s.num_chunks_released;
       }
@@ -336,7 +364,7 @@ void* HostTier::allocate(size_t bytes, std::string* error) {
     std::string pin_error;
     void* base = nullptr;
     try {
-      for (void* chunk : released) release_chunk(chunk);
+      s.release_outside(released);
       base = pin_chunk(s.device, want, &pin_error);
     } catch (...) {  // std::bad_alloc from a message: the waiting threads must not hang
       lock.lock();
@@ -397,20 +425,21 @@ bool HostTier::free(void* p, std::string* error) {
 
 uint64_t HostTier::trim() {
   State& s = *state_;
-  std::vector<void*> released;
+  std::vector<std::pair<void*, uint64_t>> released;
   uint64_t bytes = 0;
   {
     std::lock_guard lock(s.mu);
-    released = s.placer->take_free_chunks();
-    for (void* base : released) {
+    released = s.take_refused();
+    for (void* base : s.placer->take_free_chunks()) {
       auto c = s.chunks.find(address(base));
       bytes += c->second;
+      released.emplace_back(base, c->second);
       s.chunks.erase(c);
       ++s.num_chunks_released;
     }
     s.pinned.store(s.pinned.load() - bytes);
   }
-  for (void* base : released) release_chunk(base);  // outside the lock: it synchronizes
+  s.release_outside(released);  // outside the lock: it synchronizes
   return bytes;
 }
 
