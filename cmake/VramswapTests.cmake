@@ -7,8 +7,12 @@
 # and a 1 GiB device.
 
 set(VRAMSWAP_TEST_ENVIRONMENT "LD_LIBRARY_PATH=${CUDASIM_LIBRARY_DIR};CUDASIM_DEVICE_MEMORY=1GiB")
-# A hang is a failure; every case takes a small fraction of this.
+# A hang is a failure; every case takes a small fraction of this. A sanitizer build
+# (cmake/Sanitizers.cmake) runs 2 to 20 times slower: three times as long.
 set(VRAMSWAP_TEST_TIMEOUT 60)
+if(VRAMSWAP_SANITIZE)
+  set(VRAMSWAP_TEST_TIMEOUT 180)
+endif()
 
 # vramswap_add_test_executable(name LIBRARIES libs... SOURCES files...)
 function(vramswap_add_test_executable name)
