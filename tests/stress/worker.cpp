@@ -408,17 +408,22 @@ class Worker {
   // named to vramswap with record_stream when it is not the allocation stream.
   bool use_on(Block& b, cudaStream_t st) {
     if (!order_after(st, b.cur)) return false;
-    if (st != b.alloc_stream && std::find(b.streams.begin(), b.streams.end(), st) == b.streams.end()) {
-      b.streams.push_back(st);
-      lib_.record_stream(b.ptr, st);
-      if (*lib_.last_error()) {
-        expect_no_error("vramswap_record_stream", &b);
-        b.unrecorded.push_back(st);  // the program synchronizes it before the free instead
-      }
-      b.note(format("op %d record_stream %s", op_, stream_name(st)));
-    }
+    name_stream(b, st);
     b.cur = st;
     return true;
+  }
+
+  // Names `st` to vramswap with record_stream the first time the block's work goes there,
+  // unless it is the allocation stream.
+  void name_stream(Block& b, cudaStream_t st) {
+    if (st == b.alloc_stream || std::find(b.streams.begin(), b.streams.end(), st) != b.streams.end()) return;
+    b.streams.push_back(st);
+    lib_.record_stream(b.ptr, st);
+    if (*lib_.last_error()) {
+      expect_no_error("vramswap_record_stream", &b);
+      b.unrecorded.push_back(st);  // the program synchronizes it before the free instead
+    }
+    b.note(format("op %d record_stream %s", op_, stream_name(st)));
   }
 
   cudaStream_t stream_for(Block& b) { return rng_() % 4 == 0 ? pick_stream() : b.cur; }
@@ -598,8 +603,17 @@ class Worker {
     return true;
   }
 
+  // A cold block's unpack relies on vramswap's promise (vramswap.h): its contents are valid
+  // for work queued on `st` after the call, wherever it was written before mark_cold, so the
+  // program orders nothing itself. A block packed but never cold has no cold mark to order
+  // after: the program orders `st` after its latest work, as for any use.
   bool unpack(Block& b, cudaStream_t st) {
-    if (!use_on(b, st)) return false;
+    const bool cold = b.state == State::kCold;
+    if (cold) {
+      name_stream(b, st);
+    } else if (!use_on(b, st)) {
+      return false;
+    }
     if (lib_.unpack(b.handle, st) != 0) {
       refused("vramswap_unpack", &b, true);
       b.note(format("op %d unpack on %s refused", op_, stream_name(st)));
@@ -608,7 +622,8 @@ class Worker {
     expect_no_error("vramswap_unpack", &b);
     s_.stats->unpacks.fetch_add(1, std::memory_order_relaxed);
     b.state = State::kUnpacked;
-    b.note(format("op %d unpack on %s", op_, stream_name(st)));
+    b.cur = st;
+    b.note(format("op %d unpack on %s%s", op_, stream_name(st), cold ? " (ordered by vramswap)" : ""));
     return true;
   }
 

@@ -12,7 +12,9 @@
 //     ordered after it (an event, or a host synchronization when an event call fails), and
 //     a stream other than the block's allocation stream is named with record_stream (or
 //     synchronized before the free, when record_stream fails);
-//   * mark_cold and unpack are called on a stream ordered after the block's latest work;
+//   * mark_cold is called on a stream ordered after the block's latest work; the unpack of a
+//     cold block, on any stream, relies on vramswap to order that stream after the cold mark
+//     (vramswap.h: the contents are valid for work queued on it after the call);
 //   * a stream is destroyed only when no live block of the thread names it.
 // Every byte read back is compared with the shadow; a difference, a call that fails
 // without a message, a stale handle that is accepted, a call that fails with no fault
