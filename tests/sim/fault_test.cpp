@@ -479,7 +479,8 @@ TEST_P(FaultBadSpec, IsRefusedWithAMessageAndTheRulesStay) {
 
 INSTANTIATE_TEST_SUITE_P(
     Specs, FaultBadSpec,
-    ::testing::Values(BadSpec{"cuMemCreat:3", "'cuMemCreat' is not a function cudasim can fail (did you mean cuMemCreate?)"},
+    ::testing::Values(BadSpec{"cuMemCreat:3",
+                              "'cuMemCreat' is not a function cudasim can fail (did you mean cuMemCreate?)"},
                       BadSpec{"cuLaunchKernel:1", "'cuLaunchKernel' is not a function cudasim can fail"},
                       BadSpec{"cuMemCreate", "rule 'cuMemCreate' has no ':'"},
                       BadSpec{"cuMemCreate:0", "'0' is not N, N+, pX or *"},

@@ -13,10 +13,11 @@
 // threads' setup and cleared before the cleanup. --seeds runs seeds S..S+N-1 one after
 // another: in this process (the library and its limit stay, and a seed is judged by what it
 // left itself), or with --fork each in a process of its own (a leak or a crash stays with its
-// seed: what a campaign wants). --chaos sets CUDASIM_CHAOS=S before cudasim loads. --known-bug NAME tolerates the failures of a product
-// bug not fixed yet (known_bugs.h). A failure prints the seed, the thread, the
-// operation, the block and the command that reproduces it; the exit status is 0 when
-// every seed passed, 1 when one failed, 2 for a usage or setup error.
+// seed: what a campaign wants). --chaos sets CUDASIM_CHAOS=S before cudasim loads.
+// --known-bug NAME tolerates the failures of a product bug not fixed yet (known_bugs.h).
+// A failure prints the seed, the thread, the operation, the block and the command that
+// reproduces it; the exit status is 0 when every seed passed, 1 when one failed, 2 for a
+// usage or setup error.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -116,7 +117,8 @@ std::string reproduce(const Options& o, uint64_t seed, const std::string& spec, 
   if (o.verify) c += " --verify";
   if (!spec.empty()) c += " --faults '" + spec + "'";
   if (o.chaos && alone) c += " --chaos";
-  if (o.invariants_every != Options().invariants_every) c += " --invariants-every " + std::to_string(o.invariants_every);
+  if (o.invariants_every != Options().invariants_every)
+    c += " --invariants-every " + std::to_string(o.invariants_every);
   for (const std::string& bug : o.known_bugs) c += " --known-bug " + bug;
   if (const char* chaos = std::getenv("CUDASIM_CHAOS"); chaos && !(o.chaos && alone))
     c = "CUDASIM_CHAOS=" + std::string(chaos) + " " + c;
@@ -142,7 +144,8 @@ void on_fatal_signal(int sig) {
 void expect_nothing_left(const std::string& what, long long before, long long after, const std::string& where,
                          stress::Failures* failures) {
   if (after == 0 || after == before) return;
-  std::string m = where + ": " + what + " is " + std::to_string(after) + " after everything was freed and the cache emptied";
+  std::string m =
+      where + ": " + what + " is " + std::to_string(after) + " after everything was freed and the cache emptied";
   if (before != 0) m += " (" + std::to_string(before) + " when the seed started)";
   failures->add(m);
 }
@@ -220,13 +223,15 @@ bool run_one(const stress::Library& lib, const Options& o, uint64_t seed, bool a
     failures.add(where + ": vramswap_check_invariants: " + lib.last_error());
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const auto delta = [&](const char* key) { return stress::stat_number(after, key) - stress::stat_number(before, key); };
+  const auto delta = [&](const char* key) {
+    return stress::stat_number(after, key) - stress::stat_number(before, key);
+  };
   const std::vector<std::string> messages = failures.take();
   const std::vector<stress::Failures::Seen> seen = failures.known_seen();
   std::string verdict = messages.empty() ? "ok" : "FAILED";
   for (size_t i = 0; i < seen.size(); ++i)
-    verdict += (i ? ", " : " (known bugs seen: ") + std::string(seen[i].bug->name) + " x" + std::to_string(seen[i].count) +
-               (i + 1 == seen.size() ? ")" : "");
+    verdict += (i ? ", " : " (known bugs seen: ") + std::string(seen[i].bug->name) + " x" +
+               std::to_string(seen[i].count) + (i + 1 == seen.size() ? ")" : "");
   const long long left = stress::stat_number(before, "allocated_bytes");
   if (left > 0 || sim_before.physical_bytes > 0)
     verdict += " (started with " + std::to_string(left) + " bytes allocated and " +

@@ -302,9 +302,9 @@ class Worker {
   void fail(const Block* b, const std::string& what) {
     std::string m = format("seed %llu thread %d %s op %d: ", (unsigned long long)s_.seed, index_, phase_, op_) + what;
     if (b) {
-      m += format("\n    block %llu: %p, %zu bytes, %s, handle 0x%llx refs %d, allocated on %s", (unsigned long long)b->id,
-                  static_cast<void*>(b->ptr), b->size, state_name(b->state), (unsigned long long)b->handle, b->refs,
-                  stream_name(b->alloc_stream));
+      m += format("\n    block %llu: %p, %zu bytes, %s, handle 0x%llx refs %d, allocated on %s",
+                  (unsigned long long)b->id, static_cast<void*>(b->ptr), b->size, state_name(b->state),
+                  (unsigned long long)b->handle, b->refs, stream_name(b->alloc_stream));
       m += format(", latest work on %s, %s", stream_name(b->cur), b->expect_tagged ? "tagged" : "untagged");
       m += "\n    its last operations:";
       for (const std::string& h : b->history) m += "\n      " + h;
@@ -365,8 +365,10 @@ class Worker {
   void create_stream() {
     cudaStream_t st = nullptr;
     const unsigned flags = rng_() % 2 ? cudaStreamNonBlocking : cudaStreamDefault;
-    if (const cudaError_t e = lib_.stream_create(&st, flags); e != cudaSuccess) cuda_failed("cudaStreamCreateWithFlags", nullptr, e);
-    else owned_.push_back(st);
+    if (const cudaError_t e = lib_.stream_create(&st, flags); e != cudaSuccess)
+      cuda_failed("cudaStreamCreateWithFlags", nullptr, e);
+    else
+      owned_.push_back(st);
   }
 
   cudaStream_t pick_stream() {
@@ -464,7 +466,8 @@ class Worker {
     b->allocated_under_faults = s_.faults;
     b->shadow.assign(size, 0);
     b->note(format("op %d malloc on %s%s", op_, stream_name(st), scope_depth_ ? " in a scope" : ""));
-    if (reinterpret_cast<uintptr_t>(p) % 512) fail(b.get(), "vramswap_malloc returned a block aligned to less than 512 bytes");
+    if (reinterpret_cast<uintptr_t>(p) % 512)
+      fail(b.get(), "vramswap_malloc returned a block aligned to less than 512 bytes");
     const std::string who = format("block %llu of thread %d", (unsigned long long)b->id, index_);
     if (std::string other = s_.ranges.insert(p, size, who); !other.empty())
       fail(b.get(), "vramswap_malloc returned a block that overlaps the live " + other);
@@ -766,8 +769,8 @@ class Worker {
       default: what = "vramswap_prefetch", rc = lib_.prefetch(h); break;
     }
     if (rc != -1 || !*lib_.last_error())
-      fail(nullptr, format("%s(stale handle 0x%llx) returned %d with last error \"%s\"", what, (unsigned long long)h, rc,
-                           lib_.last_error()));
+      fail(nullptr, format("%s(stale handle 0x%llx) returned %d with last error \"%s\"", what,
+                           (unsigned long long)h, rc, lib_.last_error()));
     return true;
   }
 

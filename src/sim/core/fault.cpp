@@ -226,7 +226,8 @@ bool parse_rule(std::string_view text, Rule* rule, std::string* why) {
     char* end = nullptr;
     errno = 0;
     const double p = digits.empty() ? -1 : std::strtod(digits.c_str(), &end);
-    if (digits.empty() || errno || *end || !std::isfinite(p) || p < 0 || p > 1 || !std::isdigit(static_cast<unsigned char>(digits[0]))) {
+    const bool digit_first = !digits.empty() && std::isdigit(static_cast<unsigned char>(digits[0]));
+    if (!digit_first || errno || *end || !std::isfinite(p) || p < 0 || p > 1) {
       *why = "'" + std::string(when) + "' is not a probability (p and a decimal from 0 to 1, such as p0.01)";
       return false;
     }
