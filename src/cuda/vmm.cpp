@@ -69,8 +69,16 @@ Mapping::Mapping(uintptr_t address, const PhysicalPages& pages) {
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   CUresult r = cuMemSetAccess(address, pages.size(), &access, 1);
   if (r != CUDA_SUCCESS) {
-    cuMemUnmap(address, pages.size());
-    throw_driver_error(r, "cuMemSetAccess(address, pages.size(), &access, 1)", __FILE__, __LINE__);
+    // Undo the map so that "throws" means "nothing mapped": a range left mapped would hold
+    // the pages (never freed) and refuse every later map there. A refused unmap is tried
+    // once more (a transient refusal); should both fail, the error says the range is lost.
+    const bool unmapped = cuMemUnmap(address, pages.size()) == CUDA_SUCCESS ||
+                          cuMemUnmap(address, pages.size()) == CUDA_SUCCESS;
+    throw_driver_error(r,
+                       unmapped ? "cuMemSetAccess(address, pages.size(), &access, 1)"
+                                : "cuMemSetAccess(address, pages.size(), &access, 1) (and the range could not be "
+                                  "unmapped again: it stays mapped)",
+                       __FILE__, __LINE__);
   }
   address_ = address;
   size_ = pages.size();

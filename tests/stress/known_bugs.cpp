@@ -13,8 +13,9 @@ bool has(const std::string& text, const char* what) { return text.find(what) != 
 // alone, and its name in tests/stress/CMakeLists.txt.
 const std::vector<KnownBug> kKnownBugs = {
     {"leak-after-failed-set-access-rollback",
+     "(fixed: Mapping's constructor retries the undoing unmap; kept as the mechanism's example) "
      "when cuMemSetAccess fails while a granule is mapped (src/cuda/vmm.cpp, Mapping's constructor), the "
-     "cuMemUnmap that undoes the map is not checked: when it fails too, the pages stay mapped while the pool "
+     "cuMemUnmap that undoes the map was not checked: when it fails too, the pages stay mapped while the pool "
      "counts the granule unmapped, so their 2 MiB are never freed and every later cuMemMap there fails with "
      "CUDA_ERROR_INVALID_VALUE (the allocations that need it run out of memory). Alone: vramswap_stress --seed 1 "
      "--threads 1 --ops 5 --faults cuMemSetAccess:1,cuMemUnmap:1",
