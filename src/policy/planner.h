@@ -1,0 +1,88 @@
+// The eviction plan for a step that repeats: which tagged blocks to copy out as soon as they
+// go cold, and when to start bringing each back. Pure functions over a recorded step; no
+// CUDA, no engine.
+//
+// Note [Planned eviction]
+// -----------------------
+// A training loop runs the same step again and again. The engine records one (see
+// residency/engine.cpp, Note [Recording and following a step]) as a sequence of *points*:
+// the engine calls of the step (tagged allocations, packs, mark_colds, unpacks, releases),
+// numbered from 0. At each point it notes the *demand*: the most device memory the pool had
+// allocated at any moment since the point before (live blocks as rounded, tagged blocks as
+// placed, evicted ones included: the memory the step would need with nothing evicted). Each
+// tagged block the step packed has its size, the point at which it went cold and the point
+// at which backward needed it again (its unpack, or its release when it was never unpacked).
+//
+// At point j, X(j) = demand(j) + margin + extra(j) - limit bytes must be out (0 when
+// negative). A block chosen as a victim is out from the point after its cold point up to
+// the point at which its fetch starts (at the latest, the one before its use). The plan:
+//
+//  * Victims (Belady's rule, as the reactive policy uses it, but with the whole step known):
+//    walking the points forward, wherever the victims chosen so far do not cover X(j),
+//    the block needed furthest in the future among those cold before j and needed after j
+//    becomes a victim, until X(j) is covered. The engine starts a victim's copy the moment
+//    it goes cold (the copy engine idles during most of the forward), and its pages stay
+//    mapped (clean) until an allocation needs them: early copying costs PCIe time the step
+//    was not using, not memory.
+//  * Fetches, scheduled by memory: walking the victims in order of use, each one's fetch
+//    starts right after the last point that still needs its bytes out (given the fetches
+//    scheduled before it), so it lands as early as memory allows. A victim no point needs
+//    out at all is dropped from the plan (it would have been copied for nothing).
+//  * Where even every cold block cannot cover X(j) (the step's working set does not fit),
+//    the plan covers what it can and says how much is missing (shortfall_bytes): the
+//    reactive policy deals with the rest, as it would without a plan.
+//
+// What it does not do: it knows no times, only the order of points. A victim is chosen and
+// evicted as early as the order allows and fetched as early as memory allows, which are
+// the choices the fluid lower bound's eager walks make, but it cannot tell a copy that
+// will land late from one that will not; the engine's feedback (`extra`: bytes an
+// allocation still had to wait for at a point, added to that point next step) corrects
+// what the order alone gets wrong.
+//
+// Thread safety: pure functions on values.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace vramswap::policy {
+
+constexpr uint32_t kNoPoint = UINT32_MAX;
+
+// One tagged block of a recorded step, in the order the step first packed it.
+struct StepBlock {
+  uint64_t bytes = 0;         // as placed (whole granules): what its eviction frees
+  uint32_t cold = kNoPoint;   // the point at which it went cold; kNoPoint: never
+  uint32_t use = kNoPoint;    // the point at which backward needed it again (its unpack, or
+                              // its release when never unpacked); kNoPoint: not in the step
+};
+
+struct RecordedStep {
+  std::vector<uint64_t> demand;  // per point: the pool's highest allocated bytes since the
+                                 // point before, up to and including this one
+  std::vector<StepBlock> blocks;
+};
+
+struct PlanOptions {
+  uint64_t limit_bytes = 0;
+  uint64_t margin_bytes = 0;       // added to every point's demand: the pool's overhead
+  std::vector<uint64_t> extra;     // per point (shorter: 0 past its end): feedback
+};
+
+struct Plan {
+  std::vector<uint8_t> evict;       // per block: 1 = copy it out as soon as it is cold
+  std::vector<uint32_t> fetch_at;   // per block: the point after which its fetch starts;
+                                    // kNoPoint for a block that is not a victim
+  uint64_t must_leave_bytes = 0;    // the largest X(j)
+  uint32_t worst_point = kNoPoint;  // where X(j) is largest (kNoPoint when it is 0 everywhere)
+  uint64_t planned_bytes = 0;       // the victims' bytes: what the plan copies out
+  uint64_t shortfall_bytes = 0;     // the most bytes of X(j) no cold block could cover
+  uint32_t num_victims = 0;
+};
+
+// The plan for `step` under `options`. A block never cold (cold kNoPoint, or not before
+// the step's end) is never a victim; one with no use point (kNoPoint, or past the end) may
+// stay out until the step's end. Pure.
+Plan make_plan(const RecordedStep& step, const PlanOptions& options);
+
+}  // namespace vramswap::policy

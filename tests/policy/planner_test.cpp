@@ -1,0 +1,120 @@
+// policy::make_plan (src/policy/planner.h) on hand-made steps whose best plan is known.
+// Pure: no CUDA. Sizes in MiB-like units of 1 (the planner works on any unit).
+#include "policy/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace vramswap::policy {
+namespace {
+
+constexpr uint32_t N = kNoPoint;
+
+struct Case {
+  std::string name;
+  std::vector<uint64_t> demand;
+  std::vector<StepBlock> blocks;  // {bytes, cold, use}
+  uint64_t limit;
+  std::vector<uint32_t> fetch_at;  // the expected plan: kNoPoint = not a victim
+  uint64_t must_leave;
+  uint64_t shortfall;
+  uint64_t margin = 0;
+  std::vector<uint64_t> extra = {};
+};
+
+const Case kCases[] = {
+    {"NoPressureNoVictim", {5, 8, 10, 6}, {{4, 0, 3}}, 10, {N}, 0, 0},
+    // Point 2 is 1 over: the one cold block leaves and comes back right after point 2.
+    {"OneBlockLeavesAndReturnsWhenMemoryAllows", {5, 8, 11, 9, 6, 4}, {{4, 0, 5}}, 10, {2}, 1, 0},
+    // Two candidates, one needed: Belady takes the one needed furthest away (b1, use 9).
+    {"BeladyTakesTheBlockNeededLast", {6, 8, 11, 10, 8, 7, 6, 5, 4, 3}, {{2, 0, 6}, {2, 0, 9}}, 10, {N, 2}, 1, 0},
+    // The furthest block alone is too small; the next one covers, and makes the first useless.
+    {"AVictimNoPointNeedsIsDropped", {6, 6, 12, 6, 6, 6, 6, 6, 6, 6}, {{4, 0, 8}, {1, 0, 9}}, 10, {2, N}, 2, 0},
+    // The block is cold only after the point that needs it out: nothing can cover it.
+    {"ABlockColdTooLateCannotCover", {6, 8, 11, 10, 5}, {{4, 2, 4}}, 10, {N}, 1, 1},
+    {"ABlockNeverColdIsNeverAVictim", {6, 8, 11, 5}, {{4, N, 3}}, 10, {N}, 1, 1},
+    // Over by 3 at point 2 and by 1 at point 4: the victim stays out until point 4.
+    {"TheFetchWaitsForTheLastPointThatNeedsTheBytesOut", {6, 8, 13, 9, 11, 7, 6, 5}, {{4, 0, 7}}, 10, {4}, 3, 0},
+    // Two victims come back in order of use: the first right after the peak, the second once
+    // the first is back and the second alone covers point 3.
+    {"FetchesShareTheSlackInOrderOfUse", {4, 6, 14, 11, 10, 8, 6, 5, 4}, {{2, 0, 6}, {2, 0, 8}}, 10, {2, 3}, 4, 0},
+    // A victim with no use in the step (released after it) may stay out to the end.
+    {"NoUsePointMeansOutUntilTheEnd", {6, 8, 11, 5}, {{4, 0, N}}, 10, {2}, 1, 0},
+    // The margin (the pool's overhead) raises every point's demand.
+    {"TheMarginCounts", {6, 8, 10, 8, 5}, {{4, 0, 4}}, 10, {2}, 1, 0, 1},
+    // Feedback: bytes an allocation waited for at point 1 last time are covered now.
+    {"FeedbackAtAPointIsCovered", {6, 8, 9, 8, 5}, {{4, 0, 4}}, 10, {1}, 1, 0, 0, {0, 3}},
+    // A working set larger than the limit: the plan covers what it can.
+    {"ShortfallIsReported", {6, 16, 12, 5}, {{4, 0, 3}}, 10, {2}, 6, 2},
+    {"AnEmptyStepHasNoPlan", {}, {}, 10, {}, 0, 0},
+    // A use point before the cold point (never recorded) leaves no range.
+    {"AUseBeforeTheColdPointIsIgnored", {6, 12, 6, 6}, {{4, 2, 1}}, 10, {N}, 2, 2},
+};
+
+class MakePlan : public testing::TestWithParam<Case> {};
+
+TEST_P(MakePlan, MatchesTheKnownBestPlan) {
+  const Case& c = GetParam();
+  RecordedStep step{c.demand, c.blocks};
+  PlanOptions options{c.limit, c.margin, c.extra};
+  const Plan plan = make_plan(step, options);
+  ASSERT_EQ(c.blocks.size(), plan.fetch_at.size());
+  uint64_t bytes = 0;
+  uint32_t victims = 0;
+  for (size_t b = 0; b < c.blocks.size(); ++b) {
+    EXPECT_EQ(c.fetch_at[b], plan.fetch_at[b]) << "block " << b;
+    EXPECT_EQ(c.fetch_at[b] != N, bool(plan.evict[b])) << "block " << b;
+    if (plan.evict[b]) {
+      bytes += c.blocks[b].bytes;
+      ++victims;
+    }
+  }
+  EXPECT_EQ(c.must_leave, plan.must_leave_bytes);
+  EXPECT_EQ(c.shortfall, plan.shortfall_bytes);
+  EXPECT_EQ(bytes, plan.planned_bytes);
+  EXPECT_EQ(victims, plan.num_victims);
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, MakePlan, testing::ValuesIn(kCases),
+                         [](const testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Every point's bytes out under the plan cover what must be out there, wherever a cold
+// block could: checked on a generated forward/backward step of many blocks.
+TEST(MakePlanProperty, EveryCoverablePointIsCoveredAndNothingIsOutAtItsUse) {
+  // Forward: block k (k = 0..39) allocated at point 2k, cold at 2k+1. Backward: used in
+  // reverse order at 100 + 2(39-k). Demand: each live block's 3 units plus an untagged
+  // peak of 20 at the junction (point 95).
+  const uint32_t nblocks = 40, n = 200;
+  RecordedStep step;
+  step.demand.assign(n, 0);
+  for (uint32_t k = 0; k < nblocks; ++k) step.blocks.push_back({3, 2 * k + 1, 100 + 2 * (nblocks - 1 - k)});
+  for (uint32_t j = 0; j < n; ++j) {
+    uint64_t d = 0;
+    for (uint32_t k = 0; k < nblocks; ++k)
+      if (2 * k <= j && j <= step.blocks[k].use + 1) d += 3;
+    if (j == 95) d += 20;
+    step.demand[j] = d;
+  }
+  for (uint64_t limit : {200u, 130u, 100u, 60u}) {
+    const Plan plan = make_plan(step, {limit, 0, {}});
+    EXPECT_EQ(0u, plan.shortfall_bytes) << limit;
+    for (uint32_t j = 0; j < n; ++j) {
+      uint64_t out = 0;
+      for (uint32_t k = 0; k < nblocks; ++k) {
+        if (!plan.evict[k]) continue;
+        const bool is_out = step.blocks[k].cold < j && j <= plan.fetch_at[k];
+        if (is_out) out += 3;
+        ASSERT_TRUE(!is_out || j < step.blocks[k].use) << "block " << k << " out at its use, limit " << limit;
+      }
+      const uint64_t must = step.demand[j] > limit ? step.demand[j] - limit : 0;
+      ASSERT_GE(out, must) << "point " << j << ", limit " << limit;
+    }
+    // No more bytes than needed where the worst point decides: the victims are those it needs.
+    EXPECT_LE(plan.planned_bytes, plan.must_leave_bytes + 3) << limit;
+  }
+}
+
+}  // namespace
+}  // namespace vramswap::policy
