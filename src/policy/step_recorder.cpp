@@ -1,0 +1,101 @@
+// StepRecorder: Note [Recording and following a step] in step_recorder.h.
+#include "policy/step_recorder.h"
+
+#include <algorithm>
+
+namespace vramswap::policy {
+
+void StepRecorder::begin_step() {
+  if (!enabled_) return;
+  active_ = true;
+  overflow_ = false;
+  points_.clear();
+  step_ = RecordedStep();
+  waited_.clear();
+  following_ = !recorded_.empty();
+}
+
+uint32_t StepRecorder::new_block(uint64_t bytes) {
+  if (!active_ || overflow_) return kNoPoint;
+  step_.blocks.push_back({bytes, kNoPoint, kNoPoint});
+  return uint32_t(step_.blocks.size() - 1);
+}
+
+void StepRecorder::diverge() {
+  if (!following_) return;
+  following_ = false;
+  ++divergences_;
+}
+
+uint32_t StepRecorder::point(PointKind kind, uint32_t block, uint64_t bytes, uint64_t demand) {
+  if (!active_ || overflow_) return kNoPoint;
+  if (points_.size() >= max_points_) {
+    overflow_ = true;  // too long to plan: this step goes unrecorded, and unplanned
+    diverge();
+    return kNoPoint;
+  }
+  const uint32_t p = uint32_t(points_.size());
+  const Point here{kind, block, bytes};
+  if (following_ && (p >= recorded_.size() || !(recorded_[p] == here))) diverge();
+  points_.push_back(here);
+  step_.demand.push_back(demand);
+  if (block < step_.blocks.size()) {
+    StepBlock& b = step_.blocks[block];
+    if (kind == PointKind::kCold && b.cold == kNoPoint) b.cold = p;
+    if ((kind == PointKind::kUnpack || kind == PointKind::kRelease) && b.use == kNoPoint) b.use = p;
+  }
+  return p;
+}
+
+const std::vector<uint32_t>& StepRecorder::fetches_after(uint32_t p) const {
+  static const std::vector<uint32_t> none;
+  return following_ && p < fetches_.size() ? fetches_[p] : none;
+}
+
+void StepRecorder::waited(uint64_t bytes) {
+  if (!following_ || points_.empty()) return;
+  const size_t p = points_.size() - 1;
+  if (waited_.size() <= p) waited_.resize(p + 1, 0);
+  waited_[p] += bytes;
+}
+
+void StepRecorder::end_step() {
+  if (!active_) return;
+  active_ = false;
+  if (overflow_) {
+    following_ = false;
+    recorded_.clear();
+    plan_ = Plan();
+    fetches_.clear();
+    return;
+  }
+  if (following_ && points_.size() == recorded_.size()) {
+    ++planned_steps_;
+    // Feedback: what the allocations still waited for is added where they waited.
+    if (extra_.size() < waited_.size()) extra_.resize(waited_.size(), 0);
+    for (size_t p = 0; p < waited_.size(); ++p) extra_[p] += waited_[p];
+  } else {
+    if (following_) ++divergences_;  // the step ended before the recording did
+    extra_.clear();
+  }
+  following_ = false;
+  recorded_ = std::move(points_);
+  points_.clear();
+  plan_ = make_plan(step_, PlanOptions{limit_, 0, extra_});
+  fetches_.assign(recorded_.size(), {});
+  std::vector<uint32_t> victims;
+  for (uint32_t b = 0; b < plan_.fetch_at.size(); ++b)
+    if (plan_.evict[b]) victims.push_back(b);
+  std::stable_sort(victims.begin(), victims.end(),
+                   [&](uint32_t a, uint32_t b) { return step_.blocks[a].use < step_.blocks[b].use; });
+  for (uint32_t b : victims) fetches_[plan_.fetch_at[b]].push_back(b);
+}
+
+std::string StepRecorder::describe() const {
+  return std::to_string(recorded_.size()) + " points, " + std::to_string(plan_.num_victims) + " victims (" +
+         std::to_string(plan_.planned_bytes) + " bytes) for " + std::to_string(plan_.must_leave_bytes) +
+         " bytes that must be out at the worst point" +
+         (plan_.shortfall_bytes ? ", " + std::to_string(plan_.shortfall_bytes) + " bytes not coverable" : "");
+}
+
+}  // namespace vramswap::policy

@@ -1,0 +1,106 @@
+// StepRecorder: records each step the engine sees as points (policy/planner.h), says whether
+// the current step repeats the recorded one, and answers the plan's questions while it
+// does. No CUDA: the engine feeds it and acts on its answers.
+//
+// Note [Recording and following a step]
+// -------------------------------------
+// A step starts when a graph begins with no block tracked, and ends when the last tracked
+// block is released (or freed): gradient accumulation's several forwards before their
+// backwards are one step. Every step is recorded: each engine call of it is a point (its
+// kind, the block's ordinal in the step's pack order, its placed size) with the pool's
+// demand since the point before. When a step ends, the plan for the next one is made from
+// it (make_plan, at the pool's limit).
+//
+// The next step *follows* the plan as long as its points are the recorded ones, in the same
+// order (kind, ordinal and size: the signature of the step); the first point that differs
+// (or one past the recording's end) is a *divergence*: the step goes on under the reactive
+// policy, and is recorded afresh for the step after it. A step that ended following the
+// plan counts as planned; the bytes its allocations still had to wait for at a point
+// (waited()) are added to that point's demand in the next plan (feedback).
+//
+// Thread safety: none; the engine's mutex guards it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "policy/planner.h"
+
+namespace vramswap::policy {
+
+enum class PointKind : uint8_t { kGraph, kAlloc, kPack, kCold, kUnpack, kRelease };
+
+class StepRecorder {
+ public:
+  // `enabled` false: nothing is recorded and no plan is ever followed (VRAMSWAP_PLAN=off).
+  // Steps longer than `max_points` are not recorded (their plan would cost too much memory).
+  explicit StepRecorder(bool enabled, uint64_t limit_bytes, size_t max_points = size_t(1) << 22)
+      : enabled_(enabled), limit_(limit_bytes), max_points_(max_points) {}
+
+  bool enabled() const { return enabled_; }
+  // A step is under way.
+  bool active() const { return active_; }
+  // The current step repeats the recorded one so far: the plan applies.
+  bool following() const { return following_; }
+
+  // A graph began with no block tracked: a new step.
+  void begin_step();
+  // The last tracked block went: the step ends, and the next one's plan is made.
+  void end_step();
+
+  // The ordinal in the current step of a block packed for the first time in it.
+  uint32_t new_block(uint64_t bytes);
+
+  // Records a point of the current step (nothing outside a step); `block` is the block's
+  // ordinal (kNoPoint for points that name none), `demand` the pool's since the point
+  // before. Returns the point's index, or kNoPoint when none was recorded. A point that
+  // differs from the recording while following is a divergence.
+  uint32_t point(PointKind kind, uint32_t block, uint64_t bytes, uint64_t demand);
+
+  // Following: the plan copies `block` out as soon as it is cold.
+  bool planned_victim(uint32_t block) const {
+    return following_ && block < plan_.evict.size() && plan_.evict[block];
+  }
+  // Following: the blocks whose fetch starts after point `p`, in order of use.
+  const std::vector<uint32_t>& fetches_after(uint32_t p) const;
+
+  // Following: an allocation at the current point still had to wait for `bytes` of
+  // evictions (feedback for the next plan).
+  void waited(uint64_t bytes);
+
+  uint64_t num_planned_steps() const { return planned_steps_; }
+  uint64_t num_divergences() const { return divergences_; }
+  // The plan being followed (or to be followed by the next step).
+  const Plan& plan() const { return plan_; }
+  // One line on the plan for the log.
+  std::string describe() const;
+
+ private:
+  struct Point {
+    PointKind kind;
+    uint32_t block;
+    uint64_t bytes;
+    bool operator==(const Point&) const = default;
+  };
+  void diverge();
+
+  const bool enabled_;
+  const uint64_t limit_;
+  const size_t max_points_;
+  bool active_ = false;
+  bool following_ = false;
+  bool overflow_ = false;         // the current step passed max_points_: not recorded
+  // The step being recorded now.
+  std::vector<Point> points_;
+  RecordedStep step_;
+  std::vector<uint64_t> waited_;  // per point of the current step
+  // The recording the plan was made from, its plan, and the fetches by point.
+  std::vector<Point> recorded_;
+  std::vector<uint64_t> extra_;   // feedback carried into the plan
+  Plan plan_;
+  std::vector<std::vector<uint32_t>> fetches_;
+  uint64_t planned_steps_ = 0, divergences_ = 0;
+};
+
+}  // namespace vramswap::policy

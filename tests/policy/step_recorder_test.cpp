@@ -1,0 +1,156 @@
+// policy::StepRecorder (src/policy/step_recorder.h): recording a step, following its plan
+// while the next step repeats it, divergence and feedback. Pure: no CUDA.
+#include "policy/step_recorder.h"
+
+#include <gtest/gtest.h>
+
+namespace vramswap::policy {
+namespace {
+
+using K = PointKind;
+
+// A two-block step at limit 10: A and B (4 each) are saved and go cold; the junction's
+// allocation raises the demand to 10 + `over` (0: no pressure); backward uses B, then A.
+// Returns the points recorded. `b_bytes` changes B's size (a different step).
+struct Driver {
+  explicit Driver(StepRecorder& recorder) : r(recorder) {}
+  StepRecorder& r;
+  std::vector<uint32_t> points;
+  uint32_t at(K kind, uint32_t block, uint64_t bytes, uint64_t demand) {
+    const uint32_t p = r.point(kind, block, bytes, demand);
+    points.push_back(p);
+    return p;
+  }
+  // The points of the two cold marks and of the junction, for the tests' checks.
+  uint32_t cold_a = kNoPoint, cold_b = kNoPoint, junction = kNoPoint;
+  void step(uint64_t over, uint64_t b_bytes = 4, bool finish = true) {
+    r.begin_step();
+    at(K::kGraph, kNoPoint, 0, 0);
+    at(K::kAlloc, kNoPoint, 4, 4);
+    const uint32_t a = r.new_block(4);
+    at(K::kPack, a, 4, 4);
+    at(K::kAlloc, kNoPoint, b_bytes, 4 + b_bytes);
+    const uint32_t b = r.new_block(b_bytes);
+    at(K::kPack, b, b_bytes, 4 + b_bytes);
+    cold_a = at(K::kCold, a, 0, 4 + b_bytes);
+    cold_b = at(K::kCold, b, 0, 4 + b_bytes);
+    junction = at(K::kUnpack, b, 0, 10 + over);  // the loss gradient was allocated before it
+    if (!finish) return;
+    at(K::kRelease, b, 0, 8);
+    at(K::kUnpack, a, 0, 6);
+    at(K::kRelease, a, 0, 4);
+    r.end_step();
+  }
+};
+
+TEST(StepRecorder, TheFirstStepIsRecordedTheSecondFollowsThePlan) {
+  StepRecorder r(true, 10);
+  Driver d(r);
+  d.step(3);
+  EXPECT_FALSE(r.following());
+  EXPECT_EQ(0u, r.num_planned_steps());
+  // The plan: A (needed last) leaves when cold and comes back after the junction.
+  ASSERT_EQ(2u, r.plan().evict.size());
+  EXPECT_EQ(1, r.plan().evict[0]);
+  EXPECT_EQ(0, r.plan().evict[1]);
+  EXPECT_EQ(3u, r.plan().must_leave_bytes);
+
+  r.begin_step();
+  EXPECT_TRUE(r.following());
+  EXPECT_TRUE(r.planned_victim(0));
+  EXPECT_FALSE(r.planned_victim(1));
+  r.end_step();  // (an empty step diverges: a step is only followed when it repeats)
+  EXPECT_EQ(1u, r.num_divergences());
+
+  d.step(3);  // recorded afresh (the empty step was recorded)
+  d.step(3);
+  EXPECT_EQ(1u, r.num_planned_steps());
+  EXPECT_EQ(1u, r.num_divergences());
+}
+
+TEST(StepRecorder, FetchesStartAfterThePointThePlanNames) {
+  StepRecorder r(true, 10);
+  Driver d(r);
+  d.step(3);
+  r.begin_step();
+  Driver f(r);
+  f.step(3, 4, false);
+  EXPECT_TRUE(r.following());
+  EXPECT_TRUE(r.fetches_after(f.cold_b).empty());
+  ASSERT_EQ(1u, r.fetches_after(f.junction).size()) << "A comes back once the junction has passed";
+  EXPECT_EQ(0u, r.fetches_after(f.junction)[0]);
+}
+
+TEST(StepRecorder, ADifferentStepDivergesAndIsRecordedForTheNext) {
+  StepRecorder r(true, 10);
+  Driver d(r);
+  d.step(3);
+  d.step(3, 6, false);  // B is 6 bytes now: its allocation point differs
+  EXPECT_FALSE(r.following());
+  EXPECT_FALSE(r.planned_victim(0)) << "the reactive policy has the rest of a diverged step";
+  EXPECT_EQ(1u, r.num_divergences());
+  EXPECT_TRUE(r.fetches_after(d.junction).empty());
+  d.points.clear();
+  Driver rest(r);
+  rest.at(K::kRelease, 1, 0, 8);
+  rest.at(K::kUnpack, 0, 0, 6);
+  rest.at(K::kRelease, 0, 0, 4);
+  r.end_step();
+  d.step(3, 6);  // the new shape repeats: followed
+  EXPECT_EQ(1u, r.num_planned_steps());
+  EXPECT_EQ(1u, r.num_divergences());
+}
+
+TEST(StepRecorder, NoPressureMeansAnEmptyPlanFollowed) {
+  StepRecorder r(true, 10);
+  Driver d(r);
+  d.step(0);
+  d.step(0);
+  EXPECT_EQ(1u, r.num_planned_steps());
+  EXPECT_EQ(0u, r.plan().num_victims);
+  EXPECT_EQ(0u, r.plan().planned_bytes);
+}
+
+TEST(StepRecorder, WaitsAreCoveredByTheNextPlan) {
+  StepRecorder r(true, 10);
+  Driver d(r);
+  d.step(0);  // no pressure recorded: no victim
+  EXPECT_EQ(0u, r.plan().num_victims);
+  // The next step follows, but its junction allocation had to wait for 2 bytes (the pool's
+  // overhead the demand does not show).
+  r.begin_step();
+  Driver f(r);
+  f.step(0, 4, false);
+  ASSERT_TRUE(r.following());
+  r.waited(2);
+  f.at(K::kRelease, 1, 0, 8);
+  f.at(K::kUnpack, 0, 0, 6);
+  f.at(K::kRelease, 0, 0, 4);
+  r.end_step();
+  EXPECT_EQ(1u, r.num_planned_steps());
+  EXPECT_EQ(2u, r.plan().must_leave_bytes) << "the wait is added at the junction";
+  EXPECT_EQ(1u, r.plan().num_victims);
+}
+
+TEST(StepRecorder, DisabledRecordsNothing) {
+  StepRecorder r(false, 10);
+  Driver d(r);
+  d.step(3);
+  d.step(3);
+  EXPECT_FALSE(r.active());
+  EXPECT_EQ(0u, r.num_planned_steps());
+  for (uint32_t p : d.points) EXPECT_EQ(kNoPoint, p);
+}
+
+TEST(StepRecorder, ATooLongStepIsNotPlanned) {
+  StepRecorder r(true, 10, 5);
+  Driver d(r);
+  d.step(3);
+  EXPECT_EQ(0u, r.plan().num_victims);
+  d.step(3);
+  EXPECT_EQ(0u, r.num_planned_steps());
+  EXPECT_FALSE(r.following());
+}
+
+}  // namespace
+}  // namespace vramswap::policy
