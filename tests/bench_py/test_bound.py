@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""The policy-independent lower bound on the step time (plugin/python/vramswap/bench/bound.py),
+on hand-made workloads whose optimum is known by hand. Plain python3, no torch, no library
+loaded: prints one "ok - ..." or "FAIL - ..." line per check and exits 0 only when none
+failed.
+
+The link runs at 1 GB/s = 1 byte/ns, so 1,000,000 bytes take 1 ms to copy; each case says
+what the best any policy can do is and why.
+"""
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "plugin" / "python"))
+
+from vramswap.bench import bound  # noqa: E402
+from vramswap.bench.workload import Workload  # noqa: E402
+
+MS = 1_000_000      # ns
+MB = 1_000_000      # bytes: 1 ms of copy at 1 GB/s
+RATE = 1.0          # GB/s = bytes per ns
+
+failures = []
+
+
+def check(name, ok, detail=""):
+    print(("ok - " if ok else "FAIL - ") + name + ("" if ok else f": {detail}"), flush=True)
+    if not ok:
+        failures.append(name)
+
+
+def saved(w, tid, nbytes):
+    w.alloc(tid, nbytes)
+    w.save(tid)
+
+
+def show(b):
+    return ", ".join(f"{k} {v}" for k, v in b.as_dict().items())
+
+
+def test_no_pressure():
+    w = Workload("no pressure")
+    w.phase("forward")
+    saved(w, "a", 2 * MB)
+    w.compute(3 * MS)
+    w.cold("a")
+    w.phase("backward")
+    w.use("a")
+    w.compute(2 * MS)
+    w.release("a")
+    w.free("a")
+    w.validate()
+    b = bound.lower_bound(w, 4 * MB, RATE)
+    check("no pressure: bound == compute", b.feasible and b.bound_ns == 5 * MS and b.stall_ns == 0, show(b))
+    check("no pressure: nothing must leave", b.must_leave_bytes == 0 and b.must_leave_at_ns is None, show(b))
+    b = bound.lower_bound(w, 2 * MB, RATE)
+    check("a limit equal to the peak: no pressure", b.bound_ns == 5 * MS and b.must_leave_bytes == 0, show(b))
+
+
+def one_tensor(cold_to_need_ms, need_to_use_ms, held_ms=1):
+    """a (2 MB) goes cold, `cold_to_need_ms` later an allocation p of 2 MB needs all of it out
+    (limit 2 MB) for `held_ms`; `need_to_use_ms` after p is freed, backward uses a."""
+    w = Workload("one tensor")
+    w.phase("forward")
+    saved(w, "a", 2 * MB)
+    w.compute(1 * MS, "before cold")
+    w.cold("a")
+    w.compute(cold_to_need_ms * MS, "cold to need")
+    w.alloc("p", 2 * MB)
+    w.compute(held_ms * MS, "p held")
+    w.free("p")
+    w.phase("backward")
+    w.compute(need_to_use_ms * MS, "need to use")
+    w.use("a")
+    w.compute(1 * MS, "backward")
+    w.release("a")
+    w.free("a")
+    return w.validate()
+
+
+def test_one_tensor():
+    w = one_tensor(5, 5)
+    b = bound.lower_bound(w, 2 * MB, RATE)
+    check("one tensor, plenty of time after its cold and before its use: no stall",
+          b.bound_ns == w.compute_ns() and b.stall_ns == 0, show(b))
+    check("one tensor: must_leave_bytes is what the allocation needs, at its moment",
+          b.must_leave_bytes == 2 * MB and b.must_leave_at_ns == 6 * MS and b.must_leave_phase == "forward", show(b))
+    b = bound.lower_bound(w, 3 * MB, RATE)
+    check("one tensor, a higher limit: half of it must leave", b.must_leave_bytes == MB and b.stall_ns == 0, show(b))
+
+    # Cold 1 ms before it must be out, 2 ms to copy: 1 ms stall, exactly.
+    w = one_tensor(1, 5)
+    b = bound.lower_bound(w, 2 * MB, RATE)
+    check("cold 1 ms before it must be out, a 2 ms copy: exactly 1 ms of D2H stall",
+          b.bound_ns == w.compute_ns() + 1 * MS and b.d2h_stall_ns == 1 * MS and b.h2d_stall_ns == 0, show(b))
+    # Cold when it must be out: the whole copy is stall.
+    w = one_tensor(0, 5)
+    b = bound.lower_bound(w, 2 * MB, RATE)
+    check("cold at the moment it must be out: the whole 2 ms copy is stall",
+          b.bound_ns == w.compute_ns() + 2 * MS and b.d2h_stall_ns == 2 * MS, show(b))
+
+    # The mirror: out until 0.5 ms before its use, a 2 ms fetch: 1.5 ms of H2D stall.
+    w = one_tensor(5, 0.5)
+    b = bound.lower_bound(w, 2 * MB, RATE)
+    check("needed 0.5 ms after it may come back, a 2 ms fetch: exactly 1.5 ms of H2D stall",
+          b.bound_ns == w.compute_ns() + 1.5 * MS and b.h2d_stall_ns == 1.5 * MS and b.d2h_stall_ns == 0, show(b))
+    # The fetch cannot overlap the compute during which the bytes must be out: with p held for
+    # 4 ms and the use right after p's free, the whole 2 ms fetch is stall.
+    w = one_tensor(5, 0, held_ms=4)
+    b = bound.lower_bound(w, 2 * MB, RATE)
+    check("needed right after the pressure ends: the whole fetch is stall, none hidden under the pressure",
+          b.bound_ns == w.compute_ns() + 2 * MS and b.h2d_stall_ns == 2 * MS, show(b))
+    # Both sides: 1 ms before, 1.5 ms after.
+    w = one_tensor(1, 0.5)
+    b = bound.lower_bound(w, 2 * MB, RATE)
+    check("both sides: 1 ms of D2H stall before the peak and 1.5 ms of H2D stall after it",
+          b.bound_ns == w.compute_ns() + 2.5 * MS and b.d2h_stall_ns == 1 * MS and b.h2d_stall_ns == 1.5 * MS,
+          show(b))
+    # A 4x faster link: no stall.
+    b = bound.lower_bound(w, 2 * MB, 4 * RATE)
+    check("the same step on a 4 GB/s link: no stall", b.stall_ns == 0, show(b))
+    # overhead_bytes counts as live throughout: 1 MB of overhead at a 3 MB limit is the 2 MB case.
+    b = bound.lower_bound(w, 3 * MB, RATE, overhead_bytes=MB)
+    check("overhead_bytes adds to the live bytes",
+          b.bound_ns == w.compute_ns() + 2.5 * MS and b.must_leave_bytes == 2 * MB and b.overhead_bytes == MB, show(b))
+
+
+def test_only_what_is_out_when_needed():
+    """An engine that copied a tensor backward uses before the pressure wasted its time: the
+    bound counts only tensors still out-able at the moment. Eager copying of everything in
+    cold order would copy a (3 MB, 0-3 ms), abandon it at its use (2.5 ms), copy b from 2.5
+    ms and have 0.5 MB of b out at 3 ms: a 0.5 ms "stall" no policy needs (copy b first)."""
+    w = Workload("wasted copy")
+    w.phase("forward")
+    saved(w, "a", 3 * MB)
+    saved(w, "b", 1 * MB)
+    w.cold("a")
+    w.cold("b")
+    w.compute(2.5 * MS)
+    w.phase("backward")
+    w.use("a")
+    w.compute(0.5 * MS)
+    w.alloc("c", 1 * MB)
+    w.compute(1 * MS)
+    w.free("c")
+    w.compute(5 * MS)
+    w.use("b")
+    w.release("a")
+    w.release("b")
+    w.free("a")
+    w.free("b")
+    w.validate()
+    b = bound.lower_bound(w, 4 * MB, RATE)
+    check("only tensors out-able at the moment count: no stall when the right one is copied first",
+          b.feasible and b.stall_ns == 0 and b.must_leave_bytes == MB, show(b))
+
+
+def test_infeasible():
+    w = Workload("too big")
+    w.phase("forward")
+    w.alloc("x", 2 * MB)
+    w.alloc("y", 2 * MB)
+    w.compute(1 * MS)
+    w.free("y")
+    w.free("x")
+    w.validate()
+    b = bound.lower_bound(w, 3 * MB, RATE)
+    check("a limit below the working set: infeasible, with a reason",
+          b.bound_ns is None and not b.feasible and "working set exceeds the limit" in (b.note or "")
+          and b.must_leave_bytes == MB, show(b))
+    check("infeasible: the reason names the op and the bytes", "op 2" in b.note and "1,000,000 B" in b.note, b.note)
+    # A saved tensor that is never marked cold cannot leave.
+    w = Workload("never cold")
+    w.phase("forward")
+    saved(w, "a", 2 * MB)
+    w.compute(5 * MS)
+    w.alloc("p", 2 * MB)
+    w.free("p")
+    w.phase("backward")
+    w.use("a")
+    w.release("a")
+    w.free("a")
+    w.validate()
+    b = bound.lower_bound(w, 2 * MB, RATE)
+    check("a saved tensor never marked cold cannot leave: infeasible", b.bound_ns is None, show(b))
+    # Used before the pressure: it had to come back, so nothing is out-able.
+    w = one_tensor(5, 5)
+    w.ops.insert(w.ops.index(("alloc", "p", 2 * MB)), ("use", "a"))
+    w.validate()
+    b = bound.lower_bound(w, 2 * MB, RATE)
+    check("a tensor used before the pressure is not out-able then: infeasible", b.bound_ns is None, show(b))
+
+
+def test_shared_duplex():
+    """a must be out at j (10 ms) and back before backward uses it at 14 ms; b goes cold at
+    11 ms and must be out at 14 ms. Each copy takes 2 ms and 3 ms separate the end of the
+    pressure at j (11 ms) from 14 ms: with an engine per direction both fit; with one
+    engine for both, 4 ms of copies need 1 ms of stall."""
+    w = Workload("shared")
+    w.phase("forward")
+    saved(w, "a", 2 * MB)
+    saved(w, "b", 2 * MB)
+    w.cold("a")
+    w.compute(10 * MS)
+    w.alloc("p", 2 * MB)
+    w.compute(1 * MS)
+    w.free("p")
+    w.cold("b")
+    w.compute(3 * MS)
+    w.phase("backward")
+    w.use("a")
+    w.alloc("q", 2 * MB)
+    w.compute(1 * MS)
+    w.free("q")
+    w.compute(5 * MS)
+    w.use("b")
+    for t in ("a", "b"):
+        w.release(t)
+        w.free(t)
+    w.validate()
+    full = bound.lower_bound(w, 4 * MB, RATE, duplex="full")
+    shared = bound.lower_bound(w, 4 * MB, RATE, duplex="shared")
+    check("full duplex: the two directions overlap, no stall", full.stall_ns == 0, show(full))
+    check("shared duplex: copies both ways in one 3 ms interval take 4 ms: 1 ms of stall",
+          shared.bound_ns == w.compute_ns() + 1 * MS and shared.both_stall_ns == 1 * MS, show(shared))
+    # With no overlap (a single peak), shared and full agree.
+    w = one_tensor(1, 0.5)
+    f = bound.lower_bound(w, 2 * MB, RATE, duplex="full")
+    s = bound.lower_bound(w, 2 * MB, RATE, duplex="shared")
+    check("shared duplex with one peak: the same bound as full duplex", f.bound_ns == s.bound_ns, f"{show(f)} / {show(s)}")
+
+
+def test_first_op():
+    """The ops before first_op are setup: their memory is live, their compute not timed."""
+    w = Workload("setup")
+    w.phase("other")
+    w.alloc("param", 1 * MB)
+    w.compute(7 * MS, "setup")
+    w.phase("forward")
+    saved(w, "a", 2 * MB)
+    w.compute(1 * MS)
+    w.cold("a")
+    w.compute(1 * MS)
+    w.alloc("p", 2 * MB)
+    w.compute(1 * MS)
+    w.free("p")
+    w.compute(5 * MS)
+    w.use("a")
+    w.release("a")
+    w.free("a")
+    w.validate()
+    start = next(i for i, op in enumerate(w.ops) if op == ("phase", "forward"))
+    whole = bound.lower_bound(w, 3 * MB, RATE)
+    step = bound.lower_bound(w, 3 * MB, RATE, first_op=start)
+    check("first_op: the setup's compute is left out, its memory is not",
+          step.compute_ns == 8 * MS and step.bound_ns == 9 * MS and step.must_leave_bytes == 2 * MB
+          and whole.bound_ns == 16 * MS, f"{show(step)} / {show(whole)}")
+    check("must_leave_at_ns is on the step's clock", step.must_leave_at_ns == 2 * MS, show(step))
+
+
+def test_errors():
+    w = one_tensor(5, 5)
+    for kwargs, what in ((dict(duplex="half"), "duplex"), (dict(pcie_gbps=0), "pcie_gbps")):
+        try:
+            bound.lower_bound(w, **dict(dict(limit_bytes=2 * MB, pcie_gbps=RATE), **kwargs))
+            check(f"a bad {what} is refused", False, "no error")
+        except ValueError as e:
+            check(f"a bad {what} is refused", what in str(e), str(e))
+
+
+def test_gpt_small():
+    """The figures of the planned-eviction notes, on the generated gpt-small step (scenarios.py),
+    at 90% and 75% of its no-offload peak (17.355 GiB: the limits are those bench uses, in
+    whole 2 MiB granules; 55 GB/s, perfect packing)."""
+    from vramswap.bench import scenarios
+    w = scenarios.SCENARIOS["gpt-small"].workload()
+    GiB = 1 << 30
+    b90 = bound.lower_bound(w, 16_770_924_544, 55.0)
+    check("gpt-small at 90%: the bound is the compute time (65.95 ms), 0.44 GiB must leave",
+          b90.bound_ns == w.compute_ns() and abs(w.compute_ns() - 65.95 * MS) < 0.01 * MS
+          and abs(b90.must_leave_bytes / GiB - 0.443) < 0.001, show(b90))
+    b75 = bound.lower_bound(w, 13_975_420_928, 55.0)
+    check("gpt-small at 75%: about 124 ms (3.05 GiB out at the junction, 33.7 ms D2H stall before, 24.1 ms H2D after)",
+          abs(b75.bound_ns - 123.8 * MS) < 0.1 * MS and abs(b75.must_leave_bytes / GiB - 3.047) < 0.001
+          and abs(b75.d2h_stall_ns - 33.72 * MS) < 0.01 * MS and abs(b75.h2d_stall_ns - 24.14 * MS) < 0.01 * MS,
+          show(b75))
+
+
+def main():
+    for test in (test_no_pressure, test_one_tensor, test_only_what_is_out_when_needed, test_infeasible,
+                 test_shared_duplex, test_first_op, test_errors, test_gpt_small):
+        test()
+
+
+if __name__ == "__main__":
+    main()
+    print(f"FAILED: {len(failures)} check(s): {', '.join(failures)}" if failures else "PASSED")
+    sys.exit(1 if failures else 0)
