@@ -1,23 +1,40 @@
 """`python3 -m vramswap bench` and `python3 -m vramswap replay`: the memory-pressure benchmark
 on cudasim in virtual time (no GPU, no torch).
 
-  bench [SCENARIO...|all] [--out DIR | --results] [--json] [--quick] [--workers N] [--list]
+  bench [SCENARIO...|SNAPSHOT.pickle...|all] [--out DIR | --results] [--json] [--quick]
+        [--workers N] [--warmup N] [--list]
       runs the named scenarios (default: scenarios.DEFAULT) under every policy and prints
-      one table per scenario. Files (results.json, table.txt/.md, memory.svg, timeline.svg,
-      trace.json) go to DIR/<scenario>/ with --out, to bench/results/<scenario>/ with
-      --results (which also rewrites bench/results/README.md), otherwise to a temporary
-      directory whose path is printed. --json prints one JSON object instead of the tables.
+      one table per scenario. A name that is an existing *.pickle file is a torch memory
+      snapshot, replayed as `replay` replays it, at the standard limits on the H100 card.
+      Files (results.json, table.txt/.md, memory.svg, timeline.svg, trace.json) go to
+      DIR/<scenario>/ with --out, to bench/results/<scenario>/ with --results (which also
+      rewrites bench/results/README.md), otherwise to a temporary directory whose path is
+      printed. --json prints one JSON object instead of the tables.
   replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS]
-         [--duplex full|shared] [--soft-limit SIZE|PCT] [--out DIR] [--json]
+         [--duplex full|shared] [--soft-limit SIZE|PCT] [--warmup N]
+         [--policy none|offload_all|vramswap] [--until PHASE] [--out DIR] [--json]
       replays a torch memory snapshot (torch.cuda.memory._dump_snapshot) under vramswap at
       --limit (a size, or a percentage of the no-offload peak; default: the whole card) and,
-      for context, under no offload and offload_all, and prints the table. With --json it
-      prints one JSON object for the vramswap run: peak_live_bytes and final_live_bytes (the
-      trace's own figures: bytes allocated since recording began and still live, so the
-      tensors allocated before it, live_base_bytes, are not counted), peak_device_bytes,
-      bytes_d2h, bytes_h2d, step_time_s, ideal_time_s, stall_time_s, idle_time_s, ...
-      Exit status: 0 when the replay completed, 1 when it ran out of memory (the object
-      says where), 2 for a bad argument.
+      for context, under no offload and offload_all, and prints the table (--policy: that
+      policy alone; a percentage limit still runs no offload for its peak, unshown).
+      --until PHASE replays the snapshot only up to the start of its first PHASE phase
+      (e.g. optimizer): the ops from there on are left out, nothing more is freed, and the
+      output says so. With --json it prints one JSON object for the vramswap run (or the
+      --policy run): peak_live_bytes and final_live_bytes (the trace's own figures: bytes
+      allocated since recording began and still live, so the tensors allocated before it,
+      live_base_bytes, are not counted), peak_device_bytes, bytes_d2h, bytes_h2d,
+      step_time_s, ideal_time_s, bound_time_s, step/bound, must_leave_bytes,
+      d2h/must_leave, stall_time_s, idle_time_s, first_step, ... Exit status: 0 when the
+      replay completed, 1 when it ran out of memory (the object says where), 2 for a bad
+      argument.
+
+Both measure the step after --warmup warm-up steps (default 2; 0: the first step), and
+report the first step of the same run beside it (runner.py's Note [Warm-up steps]); a
+workload that cannot be repeated as a step (most snapshots: the step frees tensors
+allocated before it) is measured at its first step, and the output says why. Every run
+shows the policy-independent lower bound on its step time at its limit (bound.py) beside
+the per-phase ideal: "bound" and "step/bound" (runner.py's Note [The bound beside every
+run]).
 
 Sizes are written as vramswap's configuration writes them (1024-based: 512MiB, 12GiB, 12G,
 1.5GiB or a plain number of bytes).
@@ -33,6 +50,7 @@ import tempfile
 from pathlib import Path
 
 from . import report, runner, scenarios
+from .workload import PHASES
 
 _UNITS = {"": 0, "b": 0, "k": 10, "kb": 10, "kib": 10, "m": 20, "mb": 20, "mib": 20,
           "g": 30, "gb": 30, "gib": 30, "t": 40, "tb": 40, "tib": 40}
@@ -120,7 +138,8 @@ def bench_parser():
         description="Runs memory-pressure scenarios on cudasim in virtual time (no GPU): no offload, "
                     "offload_all and vramswap at several limits and horizons, side by side.")
     p.add_argument("scenarios", nargs="*", metavar="SCENARIO",
-                   help=f"scenario names (default: {scenarios.DEFAULT}; 'all' for every one; --list shows them)")
+                   help=f"scenario names (default: {scenarios.DEFAULT}; 'all' for every one; --list shows them), "
+                        "or paths of torch memory snapshots (*.pickle) to replay at the standard limits")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--out", metavar="DIR", type=Path, help="write plots, trace and JSON to DIR/<scenario>/")
     out.add_argument("--results", action="store_true",
@@ -128,10 +147,15 @@ def bench_parser():
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     p.add_argument("--quick", action="store_true", help="vramswap only at 50%% of the peak, horizon 4 (and above the peak)")
     p.add_argument("--workers", type=_workers, default=2, help="child processes run at once (default 2)")
-    p.add_argument("--warmup", type=_int_in(0, 16), default=0,
-                   help="steps run before the measured one (default 0: the first step is measured)")
+    _warmup_arg(p)
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     return p
+
+
+def _warmup_arg(p):
+    p.add_argument("--warmup", type=_int_in(0, 16), default=runner.DEFAULT_WARMUP, metavar="N",
+                   help=f"steps run before the measured one (default {runner.DEFAULT_WARMUP}; 0: the first step "
+                        "is measured); the first step is reported beside it either way")
 
 
 def bench(argv):
@@ -148,9 +172,22 @@ def bench(argv):
         explicit = False
     else:
         explicit = True
+    chosen = {}
     for n in names:
-        if n not in scenarios.SCENARIOS:
-            p.error(f"argument SCENARIO: unknown scenario {n!r} (known: {', '.join(scenarios.SCENARIOS)}, all)")
+        if n in scenarios.SCENARIOS:
+            chosen[n] = scenarios.SCENARIOS[n]
+        elif scenarios.is_snapshot_path(n):
+            sc = scenarios.snapshot_scenario(n)
+            try:
+                sc.workload()
+            except Exception as e:  # noqa: BLE001 - the reader's errors name the file; no traceback
+                print(f"vramswap bench: cannot replay {n}: {e}", file=sys.stderr)
+                return 2
+            chosen[sc.name] = sc
+        else:
+            p.error(f"argument SCENARIO: unknown scenario {n!r} (known: {', '.join(scenarios.SCENARIOS)}, all; "
+                    "or the path of a snapshot, *.pickle)")
+    names = list(chosen)
     if args.results and args.quick:
         p.error("argument --results: bench/results holds full runs; leave out --quick")
     base = RESULTS_DIR if args.results else args.out
@@ -159,7 +196,7 @@ def bench(argv):
     say = _progress(args.json)
     done, skipped, out_json = [], {}, {}
     for n in names:
-        sc = scenarios.SCENARIOS[n]
+        sc = chosen[n]
         why = sc.unavailable()
         if why:
             if explicit:
@@ -178,7 +215,8 @@ def bench(argv):
         done.append(sr)
         out_json[n] = {"description": sc.description, "card_bytes": sc.card_bytes, "card": sc.card_name,
                        "pcie_gbps": sc.pcie_gbps, "duplex": sc.duplex, "workload": sr.workload_facts,
-                       "reference_peak_bytes": sr.reference_peak,
+                       "reference_peak_bytes": sr.reference_peak, "warmup": args.warmup,
+                       "notes": report.notes(sr.results),
                        "runs": [report.summary(r) for r in sr.results]}
         if not args.json:
             print(_header(sc, sr))
@@ -195,7 +233,7 @@ def bench(argv):
     return 0
 
 
-def _write_results_readme(done, skipped, argv, warmup=0):
+def _write_results_readme(done, skipped, argv, warmup=runner.DEFAULT_WARMUP):
     """bench/results/README.md: the command, the date, the tables and links to the plots."""
     lines = [
         "# vramswap memory-pressure benchmark: results",
@@ -214,8 +252,10 @@ def _write_results_readme(done, skipped, argv, warmup=0):
         "card named in each section, not a measurement of one.",
         "",
         ("Each run measures the first training step (the allocator's cache cold, nothing learned "
-         "from an earlier step); `--warmup N` measures the step after N others."
-         if not warmup else f"Each run measures the step after {warmup} warm-up step(s) (`--warmup {warmup}`)."),
+         "from an earlier step, `--warmup 0`); by default the step after 2 warm-up steps is measured."
+         if not warmup else f"Each run measures the step after {warmup} warm-up step(s) (`--warmup {warmup}`), "
+         "and the first step of the same run is shown beside it (\"first step\"); a workload that cannot "
+         "be repeated as a step is measured at its first step, and the lines under its table say why."),
         "",
         "Policies: **none** (vramswap's pool with no offload), **offload_all** (every saved tensor "
         "copied to pinned host memory at save and back at use on copy streams of its own, as "
@@ -226,7 +266,9 @@ def _write_results_readme(done, skipped, argv, warmup=0):
         "memory; d2h / h2d = bytes copied; stall = time kernels waited on copies (event waits); "
         "idle = step time minus compute time (the compute engine idle for any reason); ideal = "
         "the sum over phases (forward, backward, optimizer) of the larger of the phase's compute "
-        "time and its copies' time at the PCIe rate. See "
+        "time and its copies' time at the PCIe rate; bound = the lower bound on the step time at the "
+        "run's limit that holds for every policy (compute plus the least stall the copies force: "
+        "`plugin/python/vramswap/bench/bound.py`), and step/bound how far the run is from it. See "
         "`plugin/python/vramswap/bench/runner.py` for the exact definitions.",
         "",
     ]
@@ -338,15 +380,24 @@ def replay_parser():
     p.add_argument("--duplex", choices=runner.DUPLEX, default="full", help="PCIe duplex (default full)")
     p.add_argument("--soft-limit", type=_size_or_percent, metavar="SIZE|PCT",
                    help="VRAMSWAP_SOFT_LIMIT (a size, or a percentage of the limit; default 90%%)")
+    _warmup_arg(p)
+    p.add_argument("--policy", choices=("none", "offload_all", "vramswap"),
+                   help="run only this policy (default: all three; a percentage --limit still runs no offload "
+                        "for its peak, without showing it)")
+    p.add_argument("--until", choices=PHASES, metavar="PHASE",
+                   help="replay only up to the start of the snapshot's first PHASE phase "
+                        f"({', '.join(PHASES)}), e.g. optimizer: the ops from there on are left out and "
+                        "nothing more is freed")
     p.add_argument("--out", metavar="DIR", type=Path, help="write plots, trace and JSON to DIR")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object for the vramswap run (no context runs)")
+                   help="print one JSON object for the vramswap run, or the --policy run (no context runs)")
     return p
 
 
 def _json_object(r, facts):
     s = 1e-9
     ok = r["status"] == "ok"
+    bound = r.get("bound_ns")
     return {
         "snapshot": facts.get("snapshot"),
         "policy": r["policy"], "status": r["status"], "error": r["error"],
@@ -357,11 +408,22 @@ def _json_object(r, facts):
         "bytes_d2h": r["bytes_d2h"], "bytes_h2d": r["bytes_h2d"],
         "step_time_s": r["step_time_ns"] * s if ok else None,
         "ideal_time_s": r["ideal_ns"] * s if ok else None,
+        "bound_time_s": bound * s if bound is not None else None,
+        "step/bound": r.get("step/bound"),
+        "must_leave_bytes": r.get("must_leave_bytes"),
+        "d2h/must_leave": r.get("d2h/must_leave"),
+        "bound_note": r.get("bound_note"),
         "compute_time_s": r["compute_ns"] * s, "stall_time_s": r["stall_ns"] * s if ok else None,
         "num_evictions": r["num_evictions"], "num_prefetches": r["num_prefetches"],
         "num_faults": r["num_faults"], "num_late_prefetches": r["num_late_prefetches"],
+        "num_planned_steps": r.get("num_planned_steps", 0), "num_plan_divergences": r.get("num_plan_divergences", 0),
+        "planned_bytes_d2h": r.get("planned_bytes_d2h", 0),
         "live_base_bytes": r["live_base_bytes"],
         "idle_time_s": (r["step_time_ns"] - r["compute_ns"]) * s if ok else None,
+        "warmup": r.get("warmup", 0), "warmup_steps": r.get("warmup_steps", 0),
+        "warmup_note": r.get("warmup_note"),
+        "first_step": r.get("first_step"),
+        "until": facts.get("until"),
         "clock": "cudasim virtual time",
     }
 
@@ -387,48 +449,67 @@ def replay(argv):
         print(f"vramswap replay: cannot read {args.snapshot}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     facts = {"snapshot": str(args.snapshot)}
-    base = dict(card_bytes=args.card, pcie_gbps=args.pcie, duplex=args.duplex, record=args.out is not None)
+    if args.until:
+        try:
+            w = scenarios.truncate(w, args.until)
+        except ValueError as e:
+            p.error(f"argument --until: the snapshot cannot be cut at {args.until}: {e}")
+        facts["until"] = w.meta["until"]
+    base = dict(card_bytes=args.card, pcie_gbps=args.pcie, duplex=args.duplex, record=args.out is not None,
+                warmup=args.warmup)
     soft = None
     if args.soft_limit:
         soft = f"{args.soft_limit[1]:g}%" if args.soft_limit[0] == "percent" else str(args.soft_limit[1])
+    percent = bool(args.limit and args.limit[0] == "percent")
+    shown = [args.policy] if args.policy else (["vramswap"] if args.json else ["none", "offload_all", "vramswap"])
+    main_policy = args.policy or "vramswap"
     try:
-        need_none = not args.json or (args.limit and args.limit[0] == "percent")
         context = []
-        if need_none:
-            context = runner.run_many(w, [dict(base, policy="none", label="none")]
-                                      + ([] if args.json else [dict(base, policy="offload_all", label="offload_all",
-                                                                    horizon=0)]))
-        reference = context[0]["peak_device_bytes"] if context and context[0]["status"] == "ok" else None
-        limit = None
-        if args.limit and args.limit[0] == "percent":
-            if reference is None:
-                print("vramswap replay: --limit as a percentage needs the no-offload peak, but the no-offload run "
-                      f"did not complete on this card: {context[0]['error']}", file=sys.stderr)
-                return 1
-            limit = max(scenarios.GRANULE, int(reference * args.limit[1] / 100) // scenarios.GRANULE * scenarios.GRANULE)
-        elif args.limit:
-            limit = args.limit[1]
-        if limit is not None and limit > args.card:
-            p.error(f"argument --limit: {limit} bytes is more than the card ({args.card} bytes)")
-        label = "vramswap" + (f" {args.limit[1]:g}%" if args.limit and args.limit[0] == "percent" else "")
-        r = runner.run_many(w, [dict(base, policy="vramswap", label=label, limit_bytes=limit,
-                                     horizon=args.horizon, soft_limit=soft)])[0]
+        if "none" in shown or (percent and "vramswap" in shown):
+            context.append(dict(base, policy="none", label="none"))
+        if "offload_all" in shown:
+            context.append(dict(base, policy="offload_all", label="offload_all", horizon=0))
+        context = runner.run_many(w, context) if context else []
+        none = next((r for r in context if r["policy"] == "none"), None)
+        reference = none["peak_device_bytes"] if none and none["status"] == "ok" else None
+        runs = context
+        if "vramswap" in shown:
+            limit = None
+            if percent:
+                if reference is None:
+                    print("vramswap replay: --limit as a percentage needs the no-offload peak, but the no-offload "
+                          f"run did not complete on this card: {none['error']}", file=sys.stderr)
+                    return 1
+                limit = max(scenarios.GRANULE,
+                            int(reference * args.limit[1] / 100) // scenarios.GRANULE * scenarios.GRANULE)
+            elif args.limit:
+                limit = args.limit[1]
+            if limit is not None and limit > args.card:
+                p.error(f"argument --limit: {limit} bytes is more than the card ({args.card} bytes)")
+            label = "vramswap" + (f" {args.limit[1]:g}%" if percent else "")
+            runs = context + runner.run_many(w, [dict(base, policy="vramswap", label=label, limit_bytes=limit,
+                                                      horizon=args.horizon, soft_limit=soft)])
     except runner.RunError as e:
         print(f"vramswap replay: {e}", file=sys.stderr)
         return 1
+    results = [r for r in runs if r["policy"] in shown]
+    r = next(x for x in results if x["policy"] == main_policy)
+    cut = ""
+    if args.until:
+        u = facts["until"]
+        cut = (f"   replayed up to the start of the {u['phase']} phase: ops 0 to {u['op'] - 1} of {u['ops_total']}; "
+               "the rest is left out and nothing more is freed (tensors live there stay live at the end)\n")
     if args.json:
         print(json.dumps(_json_object(r, facts), indent=1))
     else:
-        results = context + [r]
-        base = r["live_base_bytes"]
+        base_live = r["live_base_bytes"]
         print(f"== replay of {args.snapshot.name}: {len(w.ops)} ops, compute {report.fmt_ns(w.compute_ns())}; "
               f"live bytes from the trace's start: peak {r['peak_live_bytes']:,} B, final {r['final_live_bytes']:,} B"
-              + (f" (besides {base:,} B allocated before it)" if base else "") + "\n"
+              + (f" (besides {base_live:,} B allocated before it)" if base_live else "") + "\n" + cut +
               f"   card {report.fmt_bytes(args.card)}, PCIe {args.pcie:g} GB/s each way ({args.duplex} duplex); "
               "cudasim virtual time, no GPU")
         print(report.table(results, reference))
     if args.out is not None:
-        results = context + [r]
         report.write(args.out, args.snapshot.stem, results, card_bytes=args.card, title=args.snapshot.stem)
         print(f"plots, trace and JSON: {args.out}", file=sys.stderr if args.json else sys.stdout)
     return 0 if r["status"] == "ok" else 1

@@ -13,7 +13,12 @@ Table columns: policy (and its label), limit (vramswap's VRAMSWAP_LIMIT, as a sh
 no-offload peak and in bytes), horizon, status (ok, or oom at an op), peak device (cudasim's
 peak physical memory), d2h and h2d (bytes copied each way), step time (virtual), stall
 (kernels waiting on copies), idle (the compute engine's idle time: step minus compute),
-ideal (the per-phase bound of runner.py's Note [What is measured]) and step/ideal.
+ideal (the per-phase bound of runner.py's Note [What is measured]) and step/ideal, bound
+(the policy-independent lower bound at the run's limit: bound.py, runner.py's Note [The
+bound beside every run]; "infeasible" where no policy fits) and step/bound, and first step
+(the first step's time from the same run when the step measured came after warm-up steps;
+"(this)" when the measured step is the first). Lines under the table say which step was
+measured, why a workload could not be repeated as a step, and where a limit is infeasible.
 
 Plots are written by hand (no plotting library): plain SVG 1.1 that browsers and GitHub
 render. Times are virtual (cudasim's clock), in milliseconds on the axes.
@@ -25,7 +30,7 @@ import json
 from pathlib import Path
 
 COLUMNS = ("policy", "limit", "horizon", "status", "peak device", "d2h", "h2d", "step time", "stall",
-           "idle", "ideal", "step/ideal")
+           "idle", "ideal", "step/ideal", "bound", "step/bound", "first step")
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
            "#7f7f7f", "#bcbd22")
 PHASE_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer": "#55a868", "other": "#8c8c8c"}
@@ -94,11 +99,38 @@ def row(r, reference=None):
     step = r.get("step_time_ns") if ok else None
     ideal = r.get("ideal_ns") if ok else None
     idle = (r["step_time_ns"] - r["compute_ns"]) if ok else None
+    bound = r.get("bound_ns")
+    first = r.get("first_step") or {}
+    if not r.get("warmup_steps"):
+        first_cell = "(this)" if "first_step" in r else "-"  # the measured step is the first
+    else:
+        first_cell = fmt_ns(first.get("step_time_ns")) if first.get("status") == "ok" else (first.get("status") or "-")
     return (run_name(r), _limit_cell(r, reference),
             "-" if r.get("horizon") is None else str(r["horizon"]), _status_cell(r),
             fmt_bytes(r["peak_device_bytes"]), fmt_bytes(r["bytes_d2h"]), fmt_bytes(r["bytes_h2d"]),
             fmt_ns(step), fmt_ns(r.get("stall_ns") if ok else None), fmt_ns(idle), fmt_ns(ideal),
-            f"{step / ideal:.3f}" if step and ideal else "-")
+            f"{step / ideal:.3f}" if step and ideal else "-",
+            ("infeasible" if r.get("bound_note") else "-") if bound is None else fmt_ns(bound),
+            f"{step / bound:.3f}" if step and bound else "-", first_cell)
+
+
+def notes(results):
+    """The lines under a table: what was measured (steady step or first step, and why a
+    workload could not be repeated), and each limit no policy can fit."""
+    out = []
+    warm = sorted({r["warmup_steps"] for r in results if r.get("warmup_steps")})
+    if warm:
+        out.append(f"step: the step after {', '.join(map(str, warm))} warm-up step(s); first step: the first one, "
+                   "from the same run")
+    for why in dict.fromkeys(r["warmup_note"] for r in results if r.get("warmup_note")):
+        out.append(why)
+    infeasible = {}
+    for r in results:
+        if r.get("bound_note"):
+            infeasible.setdefault(r["bound_note"], []).append(run_name(r))
+    for why, names in infeasible.items():
+        out.append(f"bound of {', '.join(dict.fromkeys(names))}: {why}")
+    return out
 
 
 def reference_peak(results):
@@ -120,7 +152,7 @@ def table(results, reference=None):
         lines.append("  ".join(cells).rstrip())
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join(lines + notes(results))
 
 
 def markdown_table(results, reference=None):
@@ -128,7 +160,8 @@ def markdown_table(results, reference=None):
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join(["---"] * 4 + ["---:"] * (len(COLUMNS) - 4)) + "|"]
     for r in results:
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row(r, reference)) + " |")
-    return "\n".join(lines)
+    extra = notes(results)
+    return "\n".join(lines + ([""] + extra if extra else []))
 
 
 def summary(r):

@@ -126,6 +126,9 @@ import time
 from pathlib import Path
 
 POLICIES = ("none", "vramswap", "offload_all")
+# The warm-up steps `vramswap bench` and `vramswap replay` run before the measured step
+# (Note [Warm-up steps]); run() and run_many() measure the first step unless told.
+DEFAULT_WARMUP = 2
 DUPLEX = ("full", "shared")
 GiB = 1 << 30
 
@@ -274,6 +277,7 @@ def run_many(workload, specs, workers=2, timeout_s=600, on_result=None):
     ends. Raises RunError when a child fails (not for an out-of-memory, which is a result)."""
     specs = [_spec(**s) for s in specs]
     results = [None] * len(specs)
+    bounds = {}  # the runs' lower bounds, computed once per limit and link
     with tempfile.TemporaryDirectory(prefix="vramswap-bench-") as workdir:
         ops_path = _dump_ops(workload, workdir)
         queue = [(i, _Job(ops_path, s, workdir, i, timeout_s)) for i, s in enumerate(specs)]
@@ -288,6 +292,7 @@ def run_many(workload, specs, workers=2, timeout_s=600, on_result=None):
                     running.remove((i, job))
                     result = job.finish()
                     result["workload"] = workload.name
+                    add_bound(result, workload, bounds)
                     results[i] = result
                     if on_result:
                         on_result(i, result)
@@ -297,6 +302,68 @@ def run_many(workload, specs, workers=2, timeout_s=600, on_result=None):
             for _, job in running:
                 job.stop()
     return results
+
+
+# Note [The bound beside every run]
+# ---------------------------------
+# Every result carries the policy-independent lower bound on its step time (bound.py, Note
+# [The fluid relaxation]), computed in the parent from the workload, the run's limit (its
+# limit_bytes, or the card when it has none), PCIe rate and duplex, with no allocator
+# overhead (perfect packing), over the step the run measured (with warm-up steps: the
+# repeated step, its setup live but not timed; otherwise the whole workload):
+#   bound_ns           the bound, None when no policy can fit the limit (bound_note says
+#                      where the working set exceeds it)
+#   must_leave_bytes   the most bytes that must be off the device at one moment (max X),
+#   must_leave_at_ns   and when (the step's compute clock)
+#   bound_d2h_stall_ns / bound_h2d_stall_ns / bound_both_stall_ns   its parts
+#   step/bound         step_time_ns / bound_ns (a completed run with a bound)
+#   d2h/must_leave     bytes_d2h / must_leave_bytes (None when nothing must leave)
+# result["first_step"] gets its own bound_ns and step/bound (the whole workload from the
+# start: the first step's setup is part of its time).
+# Where the run measured the first step although warm-up steps were asked for, warmup_note
+# says why the workload cannot be repeated as a step.
+
+def _bound(workload, cache, limit, pcie, duplex, first_op):
+    from . import bound
+    key = (limit, pcie, duplex, first_op)
+    if key not in cache:
+        cache[key] = bound.lower_bound(workload, limit, pcie, duplex=duplex, first_op=first_op)
+    return cache[key]
+
+
+def _ratio(a, b):
+    return round(a / b, 4) if a is not None and b else None
+
+
+def add_bound(result, workload, cache=None):
+    """Adds the bound's keys (Note [The bound beside every run]) to `result`, a run of
+    `workload`; `cache` (a dict) shares the bounds between runs of one workload."""
+    cache = {} if cache is None else cache
+    limit = result.get("limit_bytes") or result["card_bytes"]
+    pcie, duplex = result["pcie_gbps"], result.get("duplex", "full")
+    start = step_start(workload.ops)[0] if result.get("warmup_steps") else 0
+    b = _bound(workload, cache, limit, pcie, duplex, start or 0)
+    ok = result.get("status") == "ok"
+    result.update({
+        "bound_ns": b.bound_ns, "must_leave_bytes": b.must_leave_bytes, "must_leave_at_ns": b.must_leave_at_ns,
+        "bound_d2h_stall_ns": b.d2h_stall_ns, "bound_h2d_stall_ns": b.h2d_stall_ns,
+        "bound_both_stall_ns": b.both_stall_ns,
+        "step/bound": _ratio(result.get("step_time_ns"), b.bound_ns) if ok else None,
+        "d2h/must_leave": _ratio(result.get("bytes_d2h"), b.must_leave_bytes),
+    })
+    if b.note:
+        result["bound_note"] = b.note
+    first = result.get("first_step")
+    if first is not None:
+        fb = b if not start else _bound(workload, cache, limit, pcie, duplex, 0)
+        first["bound_ns"] = fb.bound_ns
+        first["step/bound"] = _ratio(first.get("step_time_ns"), fb.bound_ns) if first.get("status") == "ok" else None
+    if result.get("warmup", 0) and not result.get("warmup_steps"):
+        why = step_start(workload.ops)[1]
+        what = "snapshot" if (workload.meta or {}).get("snapshot") or (workload.meta or {}).get("carried_in") \
+            else "workload"
+        result["warmup_note"] = f"first step only: the {what} cannot be repeated as a step, because {why}"
+    return result
 
 
 def run(workload, policy, card_bytes, pcie_gbps, timeout_s=600, **options):
@@ -312,6 +379,58 @@ def run(workload, policy, card_bytes, pcie_gbps, timeout_s=600, **options):
     when the child fails."""
     spec = dict(options, policy=policy, card_bytes=card_bytes, pcie_gbps=pcie_gbps)
     return run_many(workload, [spec], workers=1, timeout_s=timeout_s)[0]
+
+
+# Note [Warm-up steps]
+# --------------------
+# A training loop runs the same step again and again, and measures a step after the first
+# (the allocator's cache warm, and a policy may learn from the steps before). With warmup =
+# W, the step (the ops from the first forward phase on, with the allocations of its inputs
+# just before it: step_start()) runs W times first, then once more measured. Every step
+# ends with the host waiting for the device (as a loop that reads its loss does); before
+# the measured one cudasim's counters and timeline and vramswap's peaks are reset, and every
+# figure of the result is that step's. The first step's figures (from the start of the run,
+# the setup ops included, to the end of the first step) are kept as the first step ends and
+# reported as result["first_step"] (first_step_figures()): one run gives both, and with
+# warmup 0 they are the result's own. Only a step that frees everything it allocates, and
+# frees nothing allocated before it, can be repeated; otherwise the run measures the first
+# step ("warmup_steps": 0) and the result says why ("warmup_note"), as for snapshot replays
+# whose carried-in tensors the step frees.
+
+def step_start(ops):
+    """-> (index of the op where the repeatable step starts, None) or (None, why the ops
+    cannot be repeated as a step): Note [Warm-up steps]."""
+    start = next((i for i, op in enumerate(ops) if op[0] == "phase" and op[1] == "forward"), None)
+    if start is None:
+        return None, "it has no forward phase"
+    freed = {op[1] for op in ops[start:] if op[0] == "free"}
+    while start > 0 and ops[start - 1][0] == "alloc" and ops[start - 1][1] in freed:
+        start -= 1
+    before = {op[1] for op in ops[:start] if op[0] == "alloc"}
+    inside = {}
+    for op in ops[start:]:
+        if op[0] == "alloc":
+            inside[op[1]] = op[2]
+        elif op[0] == "free":
+            if op[1] in before:
+                return None, (f"the step frees tensor {op[1]!r}, which was allocated before it (a tensor "
+                              "live before the step began), so a second step would free it again")
+            inside.pop(op[1], None)
+    if inside:
+        tid = next(iter(inside))
+        return None, (f"{len(inside)} tensor(s) the step allocates ({sum(inside.values()):,} B; the first is "
+                      f"tensor {tid!r}) are still live at its end, so each repeat would add them again")
+    return start, None
+
+
+FIRST_STEP_KEYS = ("status", "step_time_ns", "compute_ns", "stall_ns", "ideal_ns", "bytes_d2h", "bytes_h2d",
+                   "peak_device_bytes", "peak_live_bytes", "num_evictions", "num_prefetches", "num_faults",
+                   "num_late_prefetches", "num_planned_steps", "num_plan_divergences", "planned_bytes_d2h")
+
+
+def first_step_figures(result):
+    """The figures of a result kept as its "first_step" (Note [Warm-up steps])."""
+    return {k: result.get(k) for k in FIRST_STEP_KEYS}
 
 
 # ---- the child side ----------------------------------------------------------------------
@@ -470,11 +589,17 @@ class _Interpreter:
         offload_all = self.policy == "offload_all"
         track = self.record
         segments, measured = self._segments()
+        self.first_step = None
+        self.error_step = None
+        self._begin_measurement()  # the first step is measured from the start
         for n, (first, last) in enumerate(segments):
-            if n == measured:
+            if n == measured and n > 0:
                 self._begin_measurement()
             if not self._run_segment(first, last, kernel, malloc, free, saved_ops, offload_all, track):
+                self.error_step = max(1, n)
                 break
+            if n > 0 and n < len(segments) - 1:
+                self._end_step(n)
         if self.in_forward:
             vs.vramswap_scope_pop()
         if offload_all and self.status == "ok":
@@ -482,41 +607,26 @@ class _Interpreter:
         cu.check(cu.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
         self.end_ns = cu.now()
 
-    # Note [Warm-up steps]
-    # --------------------
-    # A training loop runs the same step again and again, and measures a step after the
-    # first (the allocator's cache warm, and a policy may learn from the steps before). With
-    # warmup = W, the step
-    # (the ops from the first forward phase on, with the allocations of its inputs just
-    # before it) runs W times first, then once more measured: the device is synchronized (as
-    # a loop that reads its loss does), cudasim's counters and timeline and vramswap's peaks
-    # are reset, and every figure of the result is the last step's. Only a step that frees
-    # everything it allocates, and frees nothing allocated before it, can be repeated;
-    # otherwise the run has no warm-up ("warmup_steps": 0), as for snapshot replays whose
-    # carried-in tensors the step frees.
+    def _end_step(self, n):
+        """A warm-up step ended: the host waits for the device (a training loop that reads
+        its loss does), and after the first step its figures are kept (Note [Warm-up steps])."""
+        cu = self.cu
+        if self.policy == "offload_all":
+            self._reap_originals(everything=True)
+        cu.check(cu.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        if n == 1:
+            self.end_ns = cu.now()
+            self.first_step = first_step_figures(self.result())
+
     def _segments(self):
-        """-> ([(first, last)], index of the measured segment)."""
+        """-> ([(first, last)], index of the measured segment): Note [Warm-up steps]."""
         whole = [(0, len(self.ops))]
         warmup = int(self.spec.get("warmup") or 0)
         self.warmup_steps = 0
         if warmup == 0:
             return whole, 0
-        start = next((i for i, op in enumerate(self.ops) if op[0] == "phase" and op[1] == "forward"), None)
+        start, _ = step_start(self.ops)
         if start is None:
-            return whole, 0
-        freed = {op[1] for op in self.ops[start:] if op[0] == "free"}
-        while start > 0 and self.ops[start - 1][0] == "alloc" and self.ops[start - 1][1] in freed:
-            start -= 1
-        before = {op[1] for op in self.ops[:start] if op[0] == "alloc"}
-        inside = set()
-        for op in self.ops[start:]:
-            if op[0] == "alloc":
-                inside.add(op[1])
-            elif op[0] == "free":
-                if op[1] in before:
-                    return whole, 0
-                inside.discard(op[1])
-        if inside:
             return whole, 0
         self.warmup_steps = warmup
         step = (start, len(self.ops))
@@ -872,7 +982,15 @@ class _Interpreter:
             "num_faults": stats.get("num_faults", 0) - self.stats0.get("num_faults", 0),
             "num_late_prefetches": stats.get("num_late_prefetches", 0) - self.stats0.get("num_late_prefetches", 0),
             "num_clean_reuses": stats.get("num_clean_reuses", 0) - self.stats0.get("num_clean_reuses", 0),
+            # The planned-eviction engine's counters (0 where the engine has none): the number
+            # of steps it ran on a plan (a total), and over the measured step the plans it
+            # abandoned and the bytes its plans copied out.
+            "num_planned_steps": stats.get("num_planned_steps", 0),
+            "num_plan_divergences": stats.get("num_plan_divergences", 0) - self.stats0.get("num_plan_divergences", 0),
+            "planned_bytes_d2h": stats.get("planned_bytes_d2h", 0) - self.stats0.get("planned_bytes_d2h", 0),
+            "warmup": int(self.spec.get("warmup") or 0),
             "warmup_steps": self.warmup_steps,
+            "error_step": getattr(self, "error_step", None),
             "tagged_waste_bytes": stats.get("tagged_waste_bytes", 0),
             "peak_host_bytes": (stats.get("peak_host_bytes", 0) if self.policy == "vramswap" else self.peak_host),
             "packs": self.counts["packs"],
@@ -907,6 +1025,7 @@ def _child_main(spec_path, out_path):
     interp = _Interpreter(cuda, spec, data["ops"], data.get("live_base_bytes", 0))
     interp.execute()
     result = interp.result()
+    result["first_step"] = interp.first_step or first_step_figures(result)
     tmp = Path(out_path + ".tmp")
     tmp.write_text(json.dumps(result))
     tmp.rename(out_path)

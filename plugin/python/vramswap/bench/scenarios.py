@@ -160,6 +160,43 @@ SCENARIOS = {s.name: s for s in (
 DEFAULT = "gpt-small"
 
 
+def is_snapshot_path(name):
+    """Whether a scenario name given on the command line is a snapshot file to replay (a
+    file that exists, named *.pickle)."""
+    p = Path(name)
+    return p.suffix == ".pickle" and p.is_file()
+
+
+def snapshot_scenario(path, until=None):
+    """A scenario that replays the torch memory snapshot at `path` on the H100 card at the
+    standard limits, as `vramswap replay` replays it (until: stop at the start of that
+    phase, see truncate())."""
+    path = Path(path)
+
+    def make():
+        from . import snapshot
+        w = snapshot.load(path)
+        return truncate(w, until) if until else w
+    return Scenario(path.stem, f"Replay of the torch memory snapshot {path.name}", make, **H100)
+
+
+def truncate(w, phase):
+    """The workload `w` up to the start of its first `phase` phase: the ops from there on
+    are left out and nothing more is freed (tensors live there stay live at the end).
+    meta["until"] says where it was cut. Raises ValueError when `w` has no such phase or
+    starts with it."""
+    at = next((i for i, op in enumerate(w.ops) if op == ("phase", phase)), None)
+    if at is None:
+        phases = list(dict.fromkeys(op[1] for op in w.ops if op[0] == "phase"))
+        raise ValueError(f"it has no {phase} phase (its phases: {', '.join(phases) or 'none'})")
+    if not any(op[0] in ("alloc", "compute") for op in w.ops[:at]):
+        raise ValueError(f"nothing comes before its {phase} phase")
+    from .workload import Workload
+    cut = Workload(w.name, list(w.ops[:at]), dict(w.meta))
+    cut.meta["until"] = {"phase": phase, "op": at, "ops_total": len(w.ops)}
+    return cut
+
+
 @dataclass
 class ScenarioResult:
     scenario: Scenario
@@ -199,10 +236,11 @@ def plan(sc, reference_peak, quick=False):
     return runs
 
 
-def run_scenario(sc, quick=False, workers=2, record=True, progress=None, timeout_s=600, warmup=0):
+def run_scenario(sc, quick=False, workers=2, record=True, progress=None, timeout_s=600, warmup=runner.DEFAULT_WARMUP):
     """Runs every policy of `sc` (quick: vramswap only at 50% with horizon 4, plus the limits
     above the peak) and returns a ScenarioResult with the results in table order. progress(msg)
-    is called as runs end."""
+    is called as runs end. warmup: the steps run before the measured one (runner.py's Note
+    [Warm-up steps])."""
     w = sc.workload()
     peak_live, final_live = w.live_bytes()
     base = dict(card_bytes=sc.card_bytes, pcie_gbps=sc.pcie_gbps, duplex=sc.duplex, hbm_gbps=sc.hbm_gbps,
