@@ -40,7 +40,7 @@ thread_local int t_scope_depth = 0;
 // Settings that become the options of each device's pool and engine when they are created:
 // configure() refuses to change them afterwards (Note [The process-wide allocator]).
 constexpr std::string_view kFrozenKeys[] = {"VRAMSWAP_LIMIT", "VRAMSWAP_SOFT_LIMIT", "VRAMSWAP_HOST_LIMIT",
-                                            "VRAMSWAP_HORIZON", "VRAMSWAP_VERIFY"};
+                                            "VRAMSWAP_HORIZON", "VRAMSWAP_VERIFY", "VRAMSWAP_PLAN"};
 
 std::string handle_text(uint64_t handle) {
   char text[24];
@@ -89,6 +89,9 @@ struct DeviceStats {
     e.num_verify_failures += o.num_verify_failures;
     e.tagged_waste_bytes += o.tagged_waste_bytes;
     e.num_tracked_blocks += o.num_tracked_blocks;
+    e.num_planned_steps += o.num_planned_steps;
+    e.num_plan_divergences += o.num_plan_divergences;
+    e.planned_bytes_d2h += o.planned_bytes_d2h;
   }
 };
 
@@ -123,7 +126,10 @@ void write_counters(stats::JsonWriter& json, const DeviceStats& d) {
       .field("num_clean_reuses", e.num_clean_reuses)
       .field("num_verify_failures", e.num_verify_failures)
       .field("tagged_waste_bytes", e.tagged_waste_bytes)
-      .field("num_tracked_blocks", e.num_tracked_blocks);
+      .field("num_tracked_blocks", e.num_tracked_blocks)
+      .field("num_planned_steps", e.num_planned_steps)
+      .field("num_plan_divergences", e.num_plan_divergences)
+      .field("planned_bytes_d2h", e.planned_bytes_d2h);
 }
 
 }  // namespace
@@ -210,6 +216,7 @@ pool::DevicePool* Allocator::pool_or_create(int device, AllocError* error) {
     engine_options.host_limit_bytes = config_.host_limit.value_or(0);
     engine_options.horizon = static_cast<int>(config_.horizon);  // at most 1024 (the table's range)
     engine_options.verify = config_.verify;
+    engine_options.plan = config_.plan == config::PlanMode::kAuto;
     // The engine installs itself as the pool's reclaimer; both are leaked together (see the
     // Note), the engine first so that whoever finds the pool finds its engine.
     auto engine = std::make_unique<residency::Engine>(*created, engine_options);

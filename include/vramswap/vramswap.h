@@ -145,10 +145,13 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * (unpack found the block on the host with no copy under way), num_late_prefetches (unpack
  * found its copy still in flight), num_clean_reuses (unpack found a clean block: no copy
  * back was needed), num_verify_failures (VRAMSWAP_VERIFY), tagged_waste_bytes
- * (page rounding of tagged blocks), num_tracked_blocks (blocks with a live handle). These
+ * (page rounding of tagged blocks), num_tracked_blocks (blocks with a live handle),
+ * num_planned_steps (steps that followed the plan of the step before to their end,
+ * VRAMSWAP_PLAN), num_plan_divergences (steps that stopped following it: a different
+ * step), planned_bytes_d2h (bytes the plan's evictions copied out). These
  * are totals over devices (the peaks are sums of each device's peak). Then
  * num_invalid_frees (frees vramswap refused), then "devices": an array with one object per
- * device that has a pool ({"device": ordinal, the same 28 keys, num_free_blocks,
+ * device that has a pool ({"device": ordinal, the same 31 keys, num_free_blocks,
  * va_reserved_bytes}). Thread-safe; a reading taken during allocations on other threads
  * is consistent per device, not across devices. */
 size_t vramswap_stats_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;

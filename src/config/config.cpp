@@ -102,6 +102,12 @@ constexpr KeySpec kKeys[] = {
         "VRAMSWAP_HORIZON", "4", "0..1024",
         "How many of the blocks backward needs next are prefetched ahead of it and evicted only when nothing else can be; 0: no "
         "prefetch, an evicted block is fetched when it is unpacked."),
+    key<KeyType::kEnum, &Config::plan>(
+        "VRAMSWAP_PLAN", "auto", "auto|off",
+        "auto: each training step is recorded, and from the first step that repeats the one before, its "
+        "plan is followed: the blocks that must leave are copied out as soon as they are cold and fetched "
+        "back as early as memory allows (a different step, or a shortfall, falls back to the watermarks); "
+        "off: only the watermarks and the prefetch window decide."),
     key<KeyType::kBool, &Config::verify>(
         "VRAMSWAP_VERIFY", "0", "",
         "Checksum each block when it is evicted and check it when it is restored; a mismatch is an error "

@@ -26,6 +26,9 @@ namespace vramswap::config {
 // VRAMSWAP_LOG. The values are in the order of the row's accepted words.
 enum class LogLevel { kOff, kError, kWarn, kInfo, kDebug };
 
+// VRAMSWAP_PLAN, in the order of the row's accepted words.
+enum class PlanMode { kAuto, kOff };
+
 // The parsed settings. Every field is set by its row of the table; no default is written
 // here, Config() takes them from the table.
 struct Config {
@@ -38,6 +41,7 @@ struct Config {
   uint64_t min_offload_bytes{};        // VRAMSWAP_MIN_OFFLOAD_BYTES
   uint64_t horizon{};                  // VRAMSWAP_HORIZON
   bool verify{};                       // VRAMSWAP_VERIFY
+  PlanMode plan{};                     // VRAMSWAP_PLAN
   LogLevel log_level{};                // VRAMSWAP_LOG
   std::string stats_file;              // VRAMSWAP_STATS_FILE; "" = none
 

@@ -112,6 +112,12 @@ class DevicePool::Impl {
   uint64_t granularity() const { return granularity_; }
   void empty_cache();
   PoolStats stats() const;
+  uint64_t take_allocated_high() {
+    std::lock_guard lock(mu_);
+    const uint64_t high = std::max(allocated_high_, allocated_);
+    allocated_high_ = allocated_;
+    return high;
+  }
   std::string check_invariants() const;
   void reset_peaks();
   bool owns(const void* ptr) const { return va_.contains(reinterpret_cast<uintptr_t>(ptr)); }
@@ -240,6 +246,7 @@ class DevicePool::Impl {
   std::condition_variable reclaimer_idle_;   // notified when reclaimer_calls_ drops to 0
 
   uint64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
+  uint64_t allocated_high_ = 0;  // the highest allocated_ since take_allocated_high()
   uint64_t num_allocs_ = 0, num_frees_ = 0, num_cache_hits_ = 0, num_ooms_ = 0;
 };
 
@@ -567,6 +574,7 @@ void* DevicePool::Impl::take(BlockIt b, uint64_t size, cudaStream_t stream, bool
   b->second.unmapped = false;
   allocated_ += size;
   peak_allocated_ = std::max(peak_allocated_, allocated_);
+  allocated_high_ = std::max(allocated_high_, allocated_);
   ++num_allocs_;
   if (!mapped_new) ++num_cache_hits_;
   return reinterpret_cast<void*>(b->first);
@@ -592,6 +600,7 @@ void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* 
       b->second.state = State::kLive;
       allocated_ += rounded;
       peak_allocated_ = std::max(peak_allocated_, allocated_);
+      allocated_high_ = std::max(allocated_high_, allocated_);
       ++num_allocs_;
       ++num_cache_hits_;
       return reinterpret_cast<void*>(b->first);
@@ -935,6 +944,7 @@ void* DevicePool::allocate(size_t size, cudaStream_t stream, std::string* error)
   return impl_->allocate(size, stream, error);
 }
 Result DevicePool::deallocate(void* ptr, cudaStream_t stream) { return impl_->deallocate(ptr, stream); }
+uint64_t DevicePool::take_allocated_high() { return impl_->take_allocated_high(); }
 Result DevicePool::record_stream(void* ptr, cudaStream_t stream) { return impl_->record_stream(ptr, stream); }
 void DevicePool::empty_cache() { impl_->empty_cache(); }
 PoolStats DevicePool::stats() const { return impl_->stats(); }

@@ -171,6 +171,11 @@ class DevicePool {
   // A consistent reading of the counters. Thread-safe.
   PoolStats stats() const;
 
+  // The highest allocated_bytes since the previous call (or since the pool was made), and
+  // from now on the mark starts again at the current allocated_bytes: the demand between
+  // two points of a recorded step (policy/planner.h). Thread-safe.
+  uint64_t take_allocated_high();
+
   // Checks the invariants of device_pool.cpp's opening comment and the counters against
   // what the blocks add up to: "" when all hold, else each broken one ("; "-separated).
   // Walks every block under the lock. Thread-safe.

@@ -22,6 +22,7 @@
 #include "cuda/error.h"
 #include "cuda/event.h"
 #include "cuda/stream.h"
+#include "policy/step_recorder.h"
 #include "policy/use_order.h"
 #include "stats/log.h"
 
@@ -51,6 +52,8 @@ struct Slot {
   void* check = nullptr;  // VRAMSWAP_VERIFY: the restored block read back, behind its fetch
   bool pages_kept = false;  // evicted, but a failed fetch could not give its pages back
   uint64_t checksum = 0;
+  uint32_t step_block = policy::kNoPoint;  // its ordinal in the step being recorded
+  bool planned = false;                    // its eviction in flight is the plan's
 };
 
 // A host buffer that must outlive a copy still in flight (its block was freed, or queuing
@@ -104,6 +107,8 @@ class Engine::Impl {
   void graph_begin() {
     std::lock_guard lock(mu_);
     ++graph_;
+    if (st_.num_tracked_blocks == 0) begin_step();
+    note_point(policy::PointKind::kGraph, policy::kNoPoint, 0);
   }
   Status mark_cold(uint64_t handle, cudaStream_t stream);
   Status unpack(uint64_t handle, cudaStream_t stream);
@@ -112,6 +117,8 @@ class Engine::Impl {
   uint64_t reclaim(uint64_t bytes, ReclaimMode mode) {
     cuda::RelaxedCaptureScope relaxed;
     std::lock_guard lock(mu_);
+    // An allocation that gets this far waits for evictions: the plan fell short here.
+    if (mode == ReclaimMode::kFull) recorder_.waited(bytes);
     const uint64_t before = unmapped_total_;
     host_refusal_.clear();  // the report of an out-of-memory after this says this round's reason
     try {
@@ -205,6 +212,12 @@ class Engine::Impl {
   uint64_t reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t except = UINT32_MAX);
 
   void maybe_soft_evict();
+  // Note [Recording and following a step] (policy/step_recorder.h): a new step, a point of
+  // it (then the plan's fetches due after it), and its end once nothing is tracked.
+  void begin_step();
+  void note_point(policy::PointKind kind, uint32_t block, uint64_t bytes);
+  void follow_fetches(uint32_t point);
+  void end_step_if_done();
   void untrack(Slot& s, uint32_t slot);
   void drop_deferred(bool wait);
   void update_peaks();
@@ -229,6 +242,9 @@ class Engine::Impl {
   std::string host_refusal_;
   policy::UseOrder order_;
   uint64_t graph_ = 1, seq_ = 0;
+  policy::StepRecorder recorder_;
+  std::vector<uint32_t> step_slots_;   // the step's block ordinals -> slots
+  std::vector<uint32_t> due_fetches_;  // ordinals whose planned fetch found no memory yet
   uint64_t unmapped_total_ = 0;  // device bytes freed by completed evictions, ever (reclaim's measure)
 
   EngineStats st_;
@@ -241,7 +257,8 @@ Engine::Impl::Impl(pool::DevicePool& pool, const EngineOptions& options)
       d2h_(cuda::Stream::create(pool.device())),
       h2d_(cuda::Stream::create(pool.device(), cuda::greatest_priority(pool.device()))),
       events_(pool.device()),
-      host_(HostTierOptions{options.host_limit_bytes, 0, pool.device()}) {}
+      host_(HostTierOptions{options.host_limit_bytes, 0, pool.device()}),
+      recorder_(options.plan, pool.stats().limit_bytes) {}
 
 void Engine::Impl::update_peaks() {
   st_.peak_host_bytes = std::max(st_.peak_host_bytes, host_.used_bytes());
@@ -263,6 +280,7 @@ void* Engine::Impl::allocate_tagged(size_t size, cudaStream_t stream, std::strin
     pool_.deallocate(p, pool::any_stream());
     throw;
   }
+  note_point(policy::PointKind::kAlloc, policy::kNoPoint, slots_[by_addr_.at(reinterpret_cast<uintptr_t>(p))].placed);
   background("a tagged allocation");
   update_peaks();
   return p;
@@ -318,6 +336,7 @@ void Engine::Impl::untrack(Slot& s, uint32_t slot) {
   s.packs = 0;
   s.cold = false;
   s.unpacked = false;
+  s.step_block = policy::kNoPoint;
   if (s.cold_event) events_.release(std::move(s.cold_event));
   ++s.generation;  // every handle of this block is stale from now on
 }
@@ -375,6 +394,7 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
   free_slots_.push_back(slot);
   st_.tagged_bytes -= s.placed;
   st_.tagged_waste_bytes -= s.placed - s.requested;
+  end_step_if_done();
   return {};
 }
 
@@ -400,6 +420,14 @@ uint64_t Engine::Impl::pack(const void* ptr, cudaStream_t stream) {
     order_.insert(key, slot);
   }
   ++s.packs;
+  if (recorder_.active() && s.step_block == policy::kNoPoint) {
+    s.step_block = recorder_.new_block(s.placed);
+    if (s.step_block != policy::kNoPoint) {
+      if (step_slots_.size() <= s.step_block) step_slots_.resize(s.step_block + 1, UINT32_MAX);
+      step_slots_[s.step_block] = slot;
+    }
+  }
+  note_point(policy::PointKind::kPack, s.step_block, s.placed);
   return handle_of(slot);
 }
 
@@ -443,6 +471,18 @@ Status Engine::Impl::mark_cold(uint64_t handle, cudaStream_t stream) {
   s->cold = true;
   s->cold_stream = stream;
   s->unpacked = false;
+  const uint32_t slot = slot_of(handle);
+  note_point(policy::PointKind::kCold, s->step_block, 0);
+  if (recorder_.planned_victim(slots_[slot].step_block) && slots_[slot].residency == Residency::kResident) {
+    // The plan's victim: its copy starts now, while the copy engine is idle; its pages stay
+    // mapped (clean) until an allocation needs them.
+    try {
+      if (start_eviction(slot)) slots_[slot].planned = true;
+    } catch (const std::exception& e) {
+      stats::log(stats::LogLevel::kWarn, "planned eviction after mark_cold on device %d failed: %s (the block "
+                 "stays on the device)", device_, e.what());
+    }
+  }
   background("mark_cold");
   return {};
 }
@@ -503,6 +543,7 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
   s->unpacked = true;
   s->cold = false;
   order_.set_cursor(s->key);
+  note_point(policy::PointKind::kUnpack, s->step_block, 0);
   // Prefetch the window; make room for it by giving up what is needed furthest away.
   if (options_.horizon > 0) {
     try {
@@ -515,7 +556,9 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
           ++st_.num_prefetches;
         }
       }
-      if (in_flight_bytes(Residency::kFetching) == 0) fetch_ahead();
+      // Following a plan, its fetches are scheduled; fetching ahead would take memory the
+      // plan counts on.
+      if (in_flight_bytes(Residency::kFetching) == 0 && !recorder_.following()) fetch_ahead();
     } catch (const std::exception& e) {
       stats::log(stats::LogLevel::kWarn, "prefetch after an unpack on device %d failed: %s (the blocks concerned "
                  "stay on the host and are fetched when unpacked)", device_, e.what());
@@ -532,10 +575,12 @@ Status Engine::Impl::release(uint64_t handle) {
   Slot* s = resolve(handle, "release", &error);
   if (!s) return {false, error};
   const uint32_t slot = slot_of(handle);
-  if (s->packs > 1) {
-    --s->packs;
+  note_point(policy::PointKind::kRelease, s->step_block, 0);
+  if (slots_[slot].packs > 1) {
+    --slots_[slot].packs;
     return {};
   }
+  s = &slots_[slot];
   // It becomes an ordinary block again: resident. Released without an unpack (backward did
   // not need it) it may be on the host: bring it back first, waiting, so that nothing is
   // lost; if that is refused the block stays packed and the handle valid.
@@ -557,6 +602,7 @@ Status Engine::Impl::release(uint64_t handle) {
     }
   }
   untrack(slots_[slot], slot);
+  end_step_if_done();
   return {};
 }
 
@@ -706,6 +752,8 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind) {
 void Engine::Impl::finish(uint32_t slot) {
   Slot& s = slots_[slot];
   st_.in_flight_bytes -= s.placed;
+  const bool planned = s.planned;
+  s.planned = false;
   if (s.residency == Residency::kEvicting) {
     if (s.cancel) {  // wanted again before the copy ended: it never left
       host_.free(s.host);
@@ -713,6 +761,7 @@ void Engine::Impl::finish(uint32_t slot) {
       s.residency = Residency::kResident;
     } else {  // clean: its pages go when memory is needed (drop)
       if (options_.verify) s.checksum = checksum(s.host, s.requested);
+      if (planned) st_.planned_bytes_d2h += s.requested;
       s.residency = Residency::kClean;
       st_.clean_bytes += s.placed;
       st_.bytes_evicted_total += s.requested;
@@ -860,8 +909,60 @@ uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t
   return freed();
 }
 
+void Engine::Impl::begin_step() {
+  if (!recorder_.enabled()) return;
+  if (recorder_.active()) recorder_.end_step();  // a step that packed nothing
+  pool_.take_allocated_high();  // the demand is counted from here
+  recorder_.begin_step();
+  step_slots_.clear();
+  due_fetches_.clear();
+}
+
+void Engine::Impl::note_point(policy::PointKind kind, uint32_t block, uint64_t bytes) {
+  if (!recorder_.active()) return;
+  const uint32_t p = recorder_.point(kind, block, bytes, pool_.take_allocated_high());
+  if (p != policy::kNoPoint && recorder_.following()) follow_fetches(p);
+}
+
+// The plan's fetches due after point `p`, and those due earlier that found no memory then:
+// into memory free now or behind pending frees' events, never by giving anything up (the
+// plan says memory is there; when it is not, a later point, the prefetch window or the
+// unpack brings the block back). Failures are logged: the call that made the point stands.
+void Engine::Impl::follow_fetches(uint32_t p) {
+  for (uint32_t b : recorder_.fetches_after(p)) due_fetches_.push_back(b);
+  if (due_fetches_.empty()) return;
+  try {
+    size_t kept = 0;
+    for (size_t i = 0; i < due_fetches_.size(); ++i) {
+      const uint32_t b = due_fetches_[i];
+      const uint32_t slot = b < step_slots_.size() ? step_slots_[b] : UINT32_MAX;
+      if (slot >= slots_.size() || !slots_[slot].live || slots_[slot].step_block != b) continue;  // gone
+      if (slots_[slot].residency != Residency::kEvicted) continue;  // on the device, or coming
+      if (start_fetch(slot, Fetch::kHint).ok) {
+        ++st_.num_prefetches;
+      } else {
+        due_fetches_[kept++] = b;
+      }
+    }
+    due_fetches_.resize(kept);
+  } catch (const std::exception& e) {
+    stats::log(stats::LogLevel::kWarn, "a planned fetch on device %d failed: %s (the block stays on the host and "
+               "is fetched when unpacked)", device_, e.what());
+  }
+}
+
+void Engine::Impl::end_step_if_done() {
+  if (!recorder_.active() || st_.num_tracked_blocks != 0) return;
+  recorder_.end_step();
+  step_slots_.clear();
+  due_fetches_.clear();
+  stats::log(stats::LogLevel::kDebug, "device %d: step recorded: %s", device_, recorder_.describe().c_str());
+}
+
 void Engine::Impl::maybe_soft_evict() {
-  if (options_.soft_limit_bytes == 0) return;
+  // Following a plan, its evictions replace the watermark's: copies made for the watermark
+  // would be bytes the plan does not need out.
+  if (options_.soft_limit_bytes == 0 || recorder_.following()) return;
   // Clean blocks count as gone: their pages are given up at once when memory is needed.
   const uint64_t mapped = pool_.stats().mapped_bytes;
   const uint64_t resident = mapped - std::min(mapped, st_.clean_bytes);
@@ -887,6 +988,8 @@ EngineStats Engine::Impl::stats() {
   std::lock_guard lock(mu_);
   complete_copies(false);  // copies that have completed count as done
   EngineStats s = st_;
+  s.num_planned_steps = recorder_.num_planned_steps();
+  s.num_plan_divergences = recorder_.num_divergences();
   const pool::PoolStats ps = pool_.stats();
   s.resident_bytes = ps.mapped_bytes;
   s.peak_resident_bytes = ps.peak_mapped_bytes;

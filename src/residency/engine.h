@@ -77,6 +77,7 @@ struct EngineOptions {
   uint64_t host_limit_bytes = 0;   // the host tier's cap; 0: its default
   int horizon = 4;                 // blocks prefetched ahead, and protected from eviction
   bool verify = false;             // checksum at eviction, checked at restore
+  bool plan = true;                // record steps and follow their plan (VRAMSWAP_PLAN)
 };
 
 struct EngineStats {
@@ -100,6 +101,9 @@ struct EngineStats {
   uint64_t num_verify_failures = 0;
   uint64_t tagged_waste_bytes = 0;    // placed minus requested, over live tagged blocks
   uint64_t num_tracked_blocks = 0;    // blocks with a live handle
+  uint64_t num_planned_steps = 0;     // steps that followed a plan to their end
+  uint64_t num_plan_divergences = 0;  // steps that stopped following it (a different step)
+  uint64_t planned_bytes_d2h = 0;     // bytes the plan's evictions copied out (landed)
 };
 
 struct Status {

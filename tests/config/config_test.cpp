@@ -38,7 +38,7 @@ constexpr uint64_t kCard = 80 * kGiB;
 // Every key of the table, in its order: the list an unknown key's warning ends with.
 constexpr const char* kKnownKeys =
     "VRAMSWAP_LIMIT, VRAMSWAP_SOFT_LIMIT, VRAMSWAP_HOST_LIMIT, VRAMSWAP_MIN_OFFLOAD_BYTES, VRAMSWAP_HORIZON, "
-    "VRAMSWAP_VERIFY, VRAMSWAP_LOG, VRAMSWAP_STATS_FILE";
+    "VRAMSWAP_PLAN, VRAMSWAP_VERIFY, VRAMSWAP_LOG, VRAMSWAP_STATS_FILE";
 
 constexpr const char* kLimitForm =
     "expected a size such as 8GiB, 512MiB, 1073741824 or a percentage of the card such as 80%";
@@ -58,8 +58,8 @@ TEST(Table, HasTheKeysOfThisReleaseAndNoOthers) {
   std::vector<std::string> names;
   for (const KeySpec& spec : keys()) names.emplace_back(spec.name);
   EXPECT_EQ(names, (std::vector<std::string>{"VRAMSWAP_LIMIT", "VRAMSWAP_SOFT_LIMIT", "VRAMSWAP_HOST_LIMIT",
-                                              "VRAMSWAP_MIN_OFFLOAD_BYTES", "VRAMSWAP_HORIZON", "VRAMSWAP_VERIFY",
-                                              "VRAMSWAP_LOG", "VRAMSWAP_STATS_FILE"}));
+                                              "VRAMSWAP_MIN_OFFLOAD_BYTES", "VRAMSWAP_HORIZON", "VRAMSWAP_PLAN",
+                                              "VRAMSWAP_VERIFY", "VRAMSWAP_LOG", "VRAMSWAP_STATS_FILE"}));
 }
 
 TEST(Table, RowsAreWellFormed) {
@@ -391,6 +391,11 @@ INSTANTIATE_TEST_SUITE_P(
                     "VRAMSWAP_LOG='warn ' is not valid: expected one of off, error, warn, info, debug"}));
 
 INSTANTIATE_TEST_SUITE_P(
+    Plan, InvalidValue,
+    testing::Values(InvalidCase{"VRAMSWAP_PLAN", "on", "VRAMSWAP_PLAN='on' is not valid: expected one of auto, off"},
+                    InvalidCase{"VRAMSWAP_PLAN", "", "VRAMSWAP_PLAN='' is not valid: expected one of auto, off"}));
+
+INSTANTIATE_TEST_SUITE_P(
     SoftLimit, InvalidValue,
     testing::Values(
         InvalidCase{"VRAMSWAP_SOFT_LIMIT", "",
@@ -612,7 +617,8 @@ TEST(Describe, OneLinePerKeyAllDefault) {
   EXPECT_EQ(got, (std::vector<std::string>{"VRAMSWAP_LIMIT=0 (default)", "VRAMSWAP_SOFT_LIMIT=90% (default)",
                                             "VRAMSWAP_HOST_LIMIT= (default)",
                                             "VRAMSWAP_MIN_OFFLOAD_BYTES=1MiB (default)",
-                                            "VRAMSWAP_HORIZON=4 (default)", "VRAMSWAP_VERIFY=0 (default)",
+                                            "VRAMSWAP_HORIZON=4 (default)", "VRAMSWAP_PLAN=auto (default)",
+                                            "VRAMSWAP_VERIFY=0 (default)",
                                             "VRAMSWAP_LOG=warn (default)", "VRAMSWAP_STATS_FILE= (default)"}));
 }
 
@@ -628,7 +634,8 @@ TEST(Describe, MentionsEveryKeyAndMarksWhatWasSet) {
   EXPECT_EQ(got, (std::vector<std::string>{
                      "VRAMSWAP_LIMIT=16GiB (set; default: 0)", "VRAMSWAP_SOFT_LIMIT=90% (default)",
                      "VRAMSWAP_HOST_LIMIT=32GiB (set; default: unset)", "VRAMSWAP_MIN_OFFLOAD_BYTES=1MiB (default)",
-                     "VRAMSWAP_HORIZON=4 (default)", "VRAMSWAP_VERIFY=1 (set; default: 0)",
+                     "VRAMSWAP_HORIZON=4 (default)", "VRAMSWAP_PLAN=auto (default)",
+                     "VRAMSWAP_VERIFY=1 (set; default: 0)",
                      "VRAMSWAP_LOG=warn (default)", "VRAMSWAP_STATS_FILE=/tmp/s.json (set; default: unset)"}));
 }
 
@@ -640,6 +647,7 @@ TEST(Describe, ValuesParseBackToTheSameConfig) {
                          {"VRAMSWAP_HOST_LIMIT", "3072MiB"},
                          {"VRAMSWAP_MIN_OFFLOAD_BYTES", "524288"},
                          {"VRAMSWAP_HORIZON", "16"},
+                         {"VRAMSWAP_PLAN", "OFF"},
                          {"VRAMSWAP_VERIFY", "on"}});
   ASSERT_TRUE(r.ok());
   std::map<std::string, std::string> env;
@@ -653,6 +661,7 @@ TEST(Describe, ValuesParseBackToTheSameConfig) {
   EXPECT_EQ(env["VRAMSWAP_HOST_LIMIT"], "3GiB");
   EXPECT_EQ(env["VRAMSWAP_MIN_OFFLOAD_BYTES"], "512KiB");
   EXPECT_EQ(env["VRAMSWAP_HORIZON"], "16");
+  EXPECT_EQ(env["VRAMSWAP_PLAN"], "off");
   EXPECT_EQ(env["VRAMSWAP_VERIFY"], "1");
   ParseResult again = parse(env);
   ASSERT_TRUE(again.ok());
@@ -679,7 +688,7 @@ TEST(MarkdownTable, HasAHeaderAndOneRowPerKey) {
 
 TEST(MarkdownTable, RowsShowDefaultAndAcceptedForm) {
   std::vector<std::string> got = lines(markdown_table());
-  ASSERT_EQ(got.size(), 10u);
+  ASSERT_EQ(got.size(), 11u);
   const char* starts[] = {
       "| `VRAMSWAP_LIMIT` | `0` | a size such as 8GiB, 512MiB, 1073741824 or a percentage of the card such as 80% | ",
       "| `VRAMSWAP_SOFT_LIMIT` | `90%` | a size such as 8GiB, 512MiB, 1073741824 or a percentage of the limit such "
@@ -688,6 +697,7 @@ TEST(MarkdownTable, RowsShowDefaultAndAcceptedForm) {
       "default) | ",
       "| `VRAMSWAP_MIN_OFFLOAD_BYTES` | `1MiB` | a size such as 8GiB, 512MiB or 1073741824 | ",
       "| `VRAMSWAP_HORIZON` | `4` | an integer of at most 1024 | ",
+      "| `VRAMSWAP_PLAN` | `auto` | one of auto, off | ",
       "| `VRAMSWAP_VERIFY` | `0` | 1, 0, true, false, yes, no, on or off | ",
       "| `VRAMSWAP_LOG` | `warn` | one of off, error, warn, info, debug | ",
       "| `VRAMSWAP_STATS_FILE` | unset | a file path (empty: none) | ",

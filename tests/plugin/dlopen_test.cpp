@@ -742,6 +742,9 @@ TEST_F(Plugin, StatsJsonHasTheEngineKeysInTotalsAndPerDevice) {
                         "num_verify_failures",
                         "tagged_waste_bytes",
                         "num_tracked_blocks",
+                        "num_planned_steps",
+                        "num_plan_divergences",
+                        "planned_bytes_d2h",
                         "num_invalid_frees"};
   const size_t devices = json.find("\"devices\":[");
   ASSERT_NE(devices, std::string::npos) << json;

@@ -1,0 +1,107 @@
+// Planned eviction (Note [Recording and following a step], policy/step_recorder.h) through
+// the engine on cudasim: a step repeated, its plan followed from the second one on.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include "residency/engine_test_util.h"
+
+namespace engine_test {
+namespace {
+
+constexpr size_t kJunction = 8 * kMiB;
+
+class PlanTest : public EngineFixture {
+ protected:
+  struct StepCounts {
+    uint64_t evicted = 0, planned = 0, faults = 0;
+  };
+  // One training step: a forward saves `n` blocks (block `odd` is `odd_size` bytes), the
+  // junction allocates kJunction untagged bytes, backward uses the blocks last-saved first
+  // (each checked), releases and frees them; the junction block goes after the first use.
+  StepCounts step(int n, uint8_t seed, int odd = -1, size_t odd_size = kBlock) {
+    const EngineStats before = stats();
+    engine_->graph_begin();
+    std::vector<void*> blocks;
+    std::vector<uint64_t> handles;
+    std::vector<size_t> sizes;
+    for (int i = 0; i < n; ++i) {
+      sizes.push_back(i == odd ? odd_size : kBlock);
+      blocks.push_back(tagged(uint8_t(seed + i), sizes.back()));
+      handles.push_back(pack_cold(blocks.back()));
+    }
+    std::string error;
+    void* junction = pool_->allocate(kJunction, stream_, &error);
+    EXPECT_NE(nullptr, junction) << error;
+    for (int i = n - 1; i >= 0; --i) {
+      EXPECT_TRUE(engine_->unpack(handles[i], stream_).ok) << i;
+      EXPECT_TRUE(holds(blocks[i], uint8_t(seed + i), sizes[i])) << "block " << i;
+      if (junction) {
+        EXPECT_TRUE(pool_->deallocate(junction, stream_).ok);
+        junction = nullptr;
+      }
+      EXPECT_TRUE(engine_->release(handles[i]).ok) << i;
+      EXPECT_TRUE(engine_->free_tagged(blocks[i], stream_).ok) << i;
+    }
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream_));
+    EXPECT_EQ("", engine_->check_invariants());
+    const EngineStats after = stats();
+    return {after.bytes_evicted_total - before.bytes_evicted_total,
+            after.planned_bytes_d2h - before.planned_bytes_d2h, after.num_faults - before.num_faults};
+  }
+};
+
+// Six 4 MiB blocks and an 8 MiB junction under a 28 MiB limit: 4 MiB must leave.
+TEST_F(PlanTest, TheSecondStepFollowsThePlanOfTheFirst) {
+  start(28 * kMiB);
+  const StepCounts first = step(6, 10);
+  EXPECT_EQ(0u, stats().num_planned_steps) << "the first step is only recorded";
+  EXPECT_EQ(0u, first.planned);
+  EXPECT_GT(first.evicted, 0u) << "the reactive policy made room at the junction";
+  for (int k = 2; k <= 3; ++k) {
+    const StepCounts next = step(6, uint8_t(10 * k));
+    EXPECT_EQ(uint64_t(k - 1), stats().num_planned_steps);
+    EXPECT_EQ(0u, stats().num_plan_divergences);
+    // The block needed last left as soon as it was cold, and only it: 4 MiB.
+    EXPECT_EQ(kBlock, next.planned) << "step " << k;
+    EXPECT_EQ(kBlock, next.evicted) << "step " << k;
+    EXPECT_EQ(0u, next.faults) << "the plan fetched it back before its use, step " << k;
+  }
+}
+
+TEST_F(PlanTest, ADifferentStepDivergesAndTheOneAfterFollowsIt) {
+  start(28 * kMiB);
+  step(6, 10);
+  step(6, 20, 3, 2 * kMiB);  // block 3 is smaller: not the recorded step
+  EXPECT_EQ(1u, stats().num_plan_divergences);
+  EXPECT_EQ(0u, stats().num_planned_steps);
+  const StepCounts again = step(6, 30, 3, 2 * kMiB);
+  EXPECT_EQ(1u, stats().num_planned_steps) << "the changed step was recorded and repeats";
+  EXPECT_EQ(1u, stats().num_plan_divergences);
+  EXPECT_EQ(0u, again.faults);
+}
+
+TEST_F(PlanTest, NoPressureMovesNothing) {
+  start(64 * kMiB);
+  for (int k = 1; k <= 3; ++k) {
+    const StepCounts s = step(6, uint8_t(10 * k));
+    EXPECT_EQ(0u, s.evicted) << "step " << k;
+  }
+  EXPECT_EQ(2u, stats().num_planned_steps);
+  EXPECT_EQ(0u, stats().planned_bytes_d2h);
+}
+
+TEST_F(PlanTest, PlanOffNeverFollows) {
+  EngineOptions options;
+  options.plan = false;
+  start(28 * kMiB, options);
+  for (int k = 1; k <= 3; ++k) {
+    const StepCounts s = step(6, uint8_t(10 * k));
+    EXPECT_EQ(0u, s.planned) << "step " << k;
+    EXPECT_GT(s.evicted, 0u) << "step " << k;
+  }
+  EXPECT_EQ(0u, stats().num_planned_steps);
+  EXPECT_EQ(0u, stats().num_plan_divergences);
+}
+
+}  // namespace
+}  // namespace engine_test
