@@ -286,9 +286,68 @@ def test_gpt_small():
           show(b75))
 
 
+def random_step(rng, layers):
+    """A forward/backward step with random sizes and times: each layer saves an activation
+    that goes cold a layer later and allocates a temporary; backward uses them in reverse
+    with a gradient of its own."""
+    w = Workload("random")
+    w.phase("forward")
+    w.alloc("in", rng.randint(1, 4) * MB)
+    for i in range(layers):
+        saved(w, f"a{i}", rng.randint(1, 8) * MB)
+        w.alloc(f"t{i}", rng.randint(1, 4) * MB)
+        w.compute(rng.randint(0, 3000) * 1000)
+        w.free(f"t{i}")
+        if i:
+            w.cold(f"a{i - 1}")
+    w.cold(f"a{layers - 1}")
+    w.phase("backward")
+    for i in reversed(range(layers)):
+        w.alloc(f"g{i}", rng.randint(1, 6) * MB)
+        w.use(f"a{i}")
+        w.compute(rng.randint(0, 6000) * 1000)
+        w.release(f"a{i}")
+        w.free(f"a{i}")
+        w.free(f"g{i}")
+    w.free("in")
+    return w.validate()
+
+
+def test_properties():
+    """On random steps: the bound never falls below the compute, never rises with the limit
+    or the link's rate, a shared link's is never below a full-duplex one's, and a limit at
+    which no policy fits stays so below it."""
+    import random
+    rng = random.Random(7)
+    problems = []
+    for n in range(60):
+        w = random_step(rng, rng.randint(2, 8))
+        peak = w.live_bytes()[0]
+        last = None
+        for share in (1.0, 0.9, 0.75, 0.6, 0.5, 0.4, 0.3):
+            limit = int(share * peak)
+            b = bound.lower_bound(w, limit, RATE)
+            fast = bound.lower_bound(w, limit, 2 * RATE)
+            shared = bound.lower_bound(w, limit, RATE, duplex="shared")
+            if b.feasible != fast.feasible or b.feasible != shared.feasible:
+                problems.append((n, share, "feasibility depends on the link"))
+            if not b.feasible:
+                last = "infeasible"
+                continue
+            if last == "infeasible":
+                problems.append((n, share, "feasible below an infeasible limit"))
+            if b.bound_ns < w.compute_ns() or fast.bound_ns > b.bound_ns or shared.bound_ns < b.bound_ns:
+                problems.append((n, share, b.bound_ns, fast.bound_ns, shared.bound_ns))
+            if last is not None and b.bound_ns < last:
+                problems.append((n, share, "lower with a lower limit", b.bound_ns, last))
+            last = b.bound_ns
+    check("random steps: bound >= compute, monotone in the limit and the rate, shared >= full",
+          not problems, problems[:5])
+
+
 def main():
     for test in (test_no_pressure, test_one_tensor, test_only_what_is_out_when_needed, test_infeasible,
-                 test_shared_duplex, test_first_op, test_errors, test_gpt_small):
+                 test_shared_duplex, test_first_op, test_errors, test_gpt_small, test_properties):
         test()
 
 

@@ -317,7 +317,8 @@ def run_many(workload, specs, workers=2, timeout_s=600, on_result=None):
 #   must_leave_at_ns   and when (the step's compute clock)
 #   bound_d2h_stall_ns / bound_h2d_stall_ns / bound_both_stall_ns   its parts
 #   step/bound         step_time_ns / bound_ns (a completed run with a bound)
-#   d2h/must_leave     bytes_d2h / must_leave_bytes (None when nothing must leave)
+#   d2h/must_leave     bytes_d2h / must_leave_bytes (a completed run; None when nothing must
+#                      leave)
 # result["first_step"] gets its own bound_ns and step/bound (the whole workload from the
 # start: the first step's setup is part of its time).
 # Where the run measured the first step although warm-up steps were asked for, warmup_note
@@ -349,7 +350,7 @@ def add_bound(result, workload, cache=None):
         "bound_d2h_stall_ns": b.d2h_stall_ns, "bound_h2d_stall_ns": b.h2d_stall_ns,
         "bound_both_stall_ns": b.both_stall_ns,
         "step/bound": _ratio(result.get("step_time_ns"), b.bound_ns) if ok else None,
-        "d2h/must_leave": _ratio(result.get("bytes_d2h"), b.must_leave_bytes),
+        "d2h/must_leave": _ratio(result.get("bytes_d2h"), b.must_leave_bytes) if ok else None,
     })
     if b.note:
         result["bound_note"] = b.note
