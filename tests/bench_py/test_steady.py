@@ -122,6 +122,8 @@ def test_runner():
     check("a limit below the working set: no bound, and the note says where",
           tiny["bound_ns"] is None and "working set exceeds the limit" in tiny.get("bound_note", "")
           and tiny["step/bound"] is None, f"{tiny['status']}, {tiny['bound_ns']}, {tiny.get('bound_note')}")
+    check("an out-of-memory says in which step", tiny["status"] == "oom" and tiny["error_step"] == 1
+          and warm["error_step"] is None, f"{tiny['status']} in step {tiny['error_step']}")
     keys = ("num_planned_steps", "num_plan_divergences", "planned_bytes_d2h")
     check("the planned-eviction counters are reported (integers, 0 where the engine has none)",
           all(isinstance(r[k], int) and r[k] >= 0 for r in runs for k in keys)

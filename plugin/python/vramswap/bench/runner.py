@@ -110,6 +110,16 @@ Note [What is measured]
                       (tensors and the pool's cache; an evicted block's pages are unmapped);
                       physical: device memory the pool holds (mapped and spare pages)
   timeline            cudasim's timeline entries (kernels and copies) of the run
+  warmup, warmup_steps the warm-up steps asked for and run (Note [Warm-up steps]);
+  first_step          the first step's figures, from the same run; warmup_note, when the
+                      workload could not be repeated as a step, says why
+  error_step          the step (1: the first) in which the run ran out of memory; the
+                      figures are then that step's, up to the op that failed
+  bound_ns, ...       the policy-independent lower bound and its ratios (Note [The bound
+                      beside every run])
+  num_planned_steps,  the planned-eviction engine's counters (0 where its stats lack them):
+  num_plan_divergences, planned_bytes_d2h   steps run on a plan (a total), plans abandoned
+                      and bytes the plans copied out (over the measured step)
 
 Thread safety: run() and run_many() may be called from any thread; each child is a process
 of its own.
@@ -594,7 +604,7 @@ class _Interpreter:
         self.error_step = None
         self._begin_measurement()  # the first step is measured from the start
         for n, (first, last) in enumerate(segments):
-            if n == measured and n > 0:
+            if n >= 2:  # a repeat of the step: measured afresh (the last one is the result)
                 self._begin_measurement()
             if not self._run_segment(first, last, kernel, malloc, free, saved_ops, offload_all, track):
                 self.error_step = max(1, n)
