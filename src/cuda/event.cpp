@@ -13,6 +13,11 @@ Event Event::create() {
   VRAMSWAP_CUDART(cudaEventCreateWithFlags(&e.event_, cudaEventDisableTiming));
   return e;
 }
+Event Event::create_timed() {
+  Event e;
+  VRAMSWAP_CUDART(cudaEventCreateWithFlags(&e.event_, cudaEventDefault));
+  return e;
+}
 Event::~Event() { reset(); }
 Event::Event(Event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
 Event& Event::operator=(Event&& o) noexcept {
@@ -38,6 +43,12 @@ bool Event::query() const {
 
 void Event::synchronize() const { VRAMSWAP_CUDART(cudaEventSynchronize(event_)); }
 
+uint64_t elapsed_ns(const Event& start, const Event& end) {
+  float ms = 0;
+  VRAMSWAP_CUDART(cudaEventElapsedTime(&ms, start.get(), end.get()));
+  return ms > 0 ? uint64_t(double(ms) * 1e6) : 0;
+}
+
 void synchronize_events(const std::vector<cudaEvent_t>& events) {
   for (cudaEvent_t e : events) cudaEventSynchronize(e);
 }
@@ -52,7 +63,7 @@ Event EventPool::acquire() {
     }
   }
   ContextScope scope(device_);
-  return Event::create();
+  return timed_ ? Event::create_timed() : Event::create();
 }
 
 void EventPool::release(Event e) {

@@ -1,10 +1,12 @@
 // Events and the per-device event pool. Creating an event costs a driver round trip, so
 // the pool recycles them (as PyTorch's caching allocator does). Events are created with
-// timing disabled: they only order work.
+// timing disabled (they only order work), except *timed* ones, which keep the time they
+// completed at (the step recorder's clock, policy/step_recorder.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <mutex>
 #include <vector>
 
@@ -15,6 +17,8 @@ class Event {
   Event() = default;
   // Creates an event on the current device. Throws CudaError.
   static Event create();
+  // Creates a timed event on the current device (for elapsed_ns). Throws CudaError.
+  static Event create_timed();
   ~Event();
   Event(Event&& o) noexcept;
   Event& operator=(Event&& o) noexcept;
@@ -33,6 +37,10 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// Nanoseconds from `start` to `end` (0 when `end` completed first), both timed events that
+// have completed. Throws CudaError.
+uint64_t elapsed_ns(const Event& start, const Event& end);
+
 // Blocks until every event in `events` has completed. Errors are left for the events'
 // next query to report. Never throws.
 void synchronize_events(const std::vector<cudaEvent_t>& events);
@@ -40,7 +48,7 @@ void synchronize_events(const std::vector<cudaEvent_t>& events);
 // Recycled events of one device. Thread-safe (its own mutex, never held across a CUDA call).
 class EventPool {
  public:
-  explicit EventPool(int device) : device_(device) {}
+  explicit EventPool(int device, bool timed = false) : device_(device), timed_(timed) {}
   // An event, recycled or new (created on this pool's device). Throws CudaError.
   Event acquire();
   // Gives an event back for reuse.
@@ -48,6 +56,7 @@ class EventPool {
 
  private:
   int device_;
+  bool timed_;
   std::mutex mu_;
   std::vector<Event> free_;
 };

@@ -3,8 +3,53 @@
 
 #include <algorithm>
 #include <queue>
+#include <set>
 
 namespace vramswap::policy {
+namespace {
+
+// The victims' copies to the host, one after another in the order their blocks went cold:
+// when each lands. Without times every copy counts as landed at once.
+class CopyQueue {
+ public:
+  CopyQueue(const RecordedStep& step, double bytes_per_ns)
+      : step_(step), timed_(bytes_per_ns > 0 && step.time_ns.size() == step.demand.size()), rate_(bytes_per_ns) {}
+
+  bool timed() const { return timed_; }
+  uint64_t time(uint32_t point) const { return timed_ ? step_.time_ns[point] : 0; }
+
+  // When `b`'s copy would land if it joined the queue (the others unchanged).
+  uint64_t landing_if_added(uint32_t b) const {
+    if (!timed_) return 0;
+    const StepBlock& s = step_.blocks[b];
+    uint64_t start = time(s.cold);
+    auto it = order_.lower_bound({s.cold, b});
+    if (it != order_.begin()) start = std::max(start, landed_[std::prev(it)->second]);
+    return start + duration(s.bytes);
+  }
+  void add(uint32_t b) {
+    order_.insert({step_.blocks[b].cold, b});
+    if (landed_.size() < step_.blocks.size()) landed_.assign(step_.blocks.size(), 0);
+    // Every copy after it may land later now.
+    uint64_t free_at = 0;
+    for (const auto& [cold, v] : order_) {
+      const uint64_t start = std::max(time(cold), free_at);
+      landed_[v] = timed_ ? start + duration(step_.blocks[v].bytes) : 0;
+      free_at = landed_[v];
+    }
+  }
+  uint64_t landed(uint32_t b) const { return landed_[b]; }
+
+ private:
+  uint64_t duration(uint64_t bytes) const { return uint64_t(double(bytes) / rate_); }
+  const RecordedStep& step_;
+  const bool timed_;
+  const double rate_;
+  std::set<std::pair<uint32_t, uint32_t>> order_;  // (cold point, block)
+  std::vector<uint64_t> landed_;
+};
+
+}  // namespace
 
 Plan make_plan(const RecordedStep& step, const PlanOptions& options) {
   const uint32_t n = uint32_t(step.demand.size());
@@ -37,53 +82,73 @@ Plan make_plan(const RecordedStep& step, const PlanOptions& options) {
   };
 
   // Victims: Belady, walking forward. Candidates become available the point after they go
-  // cold, ordered by their last point out (furthest first).
+  // cold, ordered by their last point out (furthest first). A victim counts as out at j once
+  // its copy has landed by j.
+  CopyQueue copies(step, options.bytes_per_ns);
+  std::vector<uint32_t> chosen;
+  auto out_at = [&](uint32_t b, uint32_t j) {
+    const StepBlock& s = step.blocks[b];
+    return s.cold < j && j <= last_out(s) && copies.landed(b) <= copies.time(j);
+  };
+  auto covered = [&](uint32_t j) {
+    uint64_t out = 0;
+    for (uint32_t b : chosen)
+      if (out_at(b, j)) out += step.blocks[b].bytes;
+    return out;
+  };
   std::vector<std::vector<uint32_t>> cold_at(n);
   for (uint32_t b = 0; b < nb; ++b)
     if (may_leave(step.blocks[b])) cold_at[step.blocks[b].cold].push_back(b);
-  std::vector<uint64_t> back_at(n + 1, 0);  // bytes of victims whose out range ends before j
   using Candidate = std::pair<uint32_t, uint32_t>;  // (last point out, block)
   std::priority_queue<Candidate> candidates;
-  uint64_t out = 0;
+  std::vector<Candidate> too_late;  // copies that cannot land by this point: later ones may
   for (uint32_t j = 0; j < n; ++j) {
-    out -= back_at[j];
     if (j > 0)
       for (uint32_t b : cold_at[j - 1]) candidates.push({last_out(step.blocks[b]), b});
+    if (must[j] == 0) continue;
+    uint64_t out = covered(j);
     while (out < must[j] && !candidates.empty()) {
-      const auto [last, b] = candidates.top();
+      const Candidate c = candidates.top();
       candidates.pop();
-      if (last < j) continue;  // needed again already
-      plan.evict[b] = 1;
-      out += step.blocks[b].bytes;
-      back_at[last + 1] += step.blocks[b].bytes;
+      if (c.first < j) continue;  // needed again already: never a candidate again
+      if (copies.landing_if_added(c.second) > copies.time(j)) {
+        too_late.push_back(c);
+        continue;
+      }
+      plan.evict[c.second] = 1;
+      chosen.push_back(c.second);
+      copies.add(c.second);
+      out = covered(j);
     }
+    for (const Candidate& c : too_late) candidates.push(c);
+    too_late.clear();
     if (out < must[j]) plan.shortfall_bytes = std::max(plan.shortfall_bytes, must[j] - out);
   }
 
   // Fetches: slack(j) = bytes out at j beyond X(j), with every victim out over its whole
-  // range; each victim in order of use takes back what the slack after its fetch allows.
+  // range (from its landing); each victim in order of use takes back what the slack after its
+  // fetch allows.
   std::vector<int64_t> slack(n, 0);
-  std::vector<uint32_t> victims;
-  for (uint32_t b = 0; b < nb; ++b) {
-    if (!plan.evict[b]) continue;
-    victims.push_back(b);
+  for (uint32_t b : chosen) {
     const StepBlock& s = step.blocks[b];
-    for (uint32_t j = s.cold + 1; j <= last_out(s); ++j) slack[j] += int64_t(s.bytes);
+    for (uint32_t j = s.cold + 1; j <= last_out(s); ++j)
+      if (out_at(b, j)) slack[j] += int64_t(s.bytes);
   }
   for (uint32_t j = 0; j < n; ++j) slack[j] -= int64_t(must[j]);
-  std::stable_sort(victims.begin(), victims.end(),
+  std::stable_sort(chosen.begin(), chosen.end(),
                    [&](uint32_t a, uint32_t b) { return last_out(step.blocks[a]) < last_out(step.blocks[b]); });
-  for (uint32_t b : victims) {
+  for (uint32_t b : chosen) {
     const StepBlock& s = step.blocks[b];
     const int64_t bytes = int64_t(s.bytes);
     uint32_t fetch = s.cold;  // no point needs it out: not a victim after all
     for (uint32_t j = last_out(s); j > s.cold; --j) {
-      if (slack[j] < bytes) {
+      if (out_at(b, j) && slack[j] < bytes) {
         fetch = j;
         break;
       }
     }
-    for (uint32_t j = fetch + 1; j <= last_out(s); ++j) slack[j] -= bytes;
+    for (uint32_t j = fetch + 1; j <= last_out(s); ++j)
+      if (out_at(b, j)) slack[j] -= bytes;
     if (fetch == s.cold) {
       plan.evict[b] = 0;
       continue;

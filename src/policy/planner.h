@@ -32,12 +32,15 @@
 //    the plan covers what it can and says how much is missing (shortfall_bytes): the
 //    reactive policy deals with the rest, as it would without a plan.
 //
-// What it does not do: it knows no times, only the order of points. A victim is chosen and
-// evicted as early as the order allows and fetched as early as memory allows, which are
-// the choices the fluid lower bound's eager walks make, but it cannot tell a copy that
-// will land late from one that will not; the engine's feedback (`extra`: bytes an
-// allocation still had to wait for at a point, added to that point next step) corrects
-// what the order alone gets wrong.
+// Time. When the step's point times and the copy rate are known, a victim counts as out at
+// a point only once its copy can have landed there: the copies run one after another in
+// the order their blocks went cold (the engine starts each at its mark_cold), each taking
+// bytes / rate. A candidate whose copy could not land by the point that needs it is passed
+// over for one that went cold earlier (the block saved just before the forward ends is
+// needed late in backward, but its copy cannot be done by the junction). Without times the
+// plan goes by the order of points alone. Fetches are placed by memory only; the engine's
+// feedback (`extra`: bytes an allocation still had to wait for at a point, added to that
+// point next step) corrects what the plan gets wrong.
 //
 // Thread safety: pure functions on values.
 #pragma once
@@ -61,12 +64,16 @@ struct RecordedStep {
   std::vector<uint64_t> demand;  // per point: the pool's highest allocated bytes since the
                                  // point before, up to and including this one
   std::vector<StepBlock> blocks;
+  std::vector<uint64_t> time_ns;  // per point: when the device reached it, from the step's
+                                  // start; empty: not known (the plan ignores time)
 };
 
 struct PlanOptions {
   uint64_t limit_bytes = 0;
   uint64_t margin_bytes = 0;       // added to every point's demand: the pool's overhead
   std::vector<uint64_t> extra;     // per point (shorter: 0 past its end): feedback
+  double bytes_per_ns = 0;         // the device-to-host copy rate; 0: not known (the plan
+                                   // ignores time)
 };
 
 struct Plan {

@@ -7,6 +7,7 @@ namespace vramswap::policy {
 
 void StepRecorder::begin_step() {
   if (!enabled_) return;
+  if (plan_pending_) plan_next({}, 0);
   active_ = true;
   overflow_ = false;
   points_.clear();
@@ -38,7 +39,8 @@ uint32_t StepRecorder::point(PointKind kind, uint32_t block, uint64_t bytes, uin
   const Point here{kind, block, bytes};
   if (following_ && (p >= recorded_.size() || !(recorded_[p] == here))) diverge();
   points_.push_back(here);
-  step_.demand.push_back(demand);
+  step_.demand.push_back(std::max(demand, pressure_));
+  pressure_ = 0;
   if (block < step_.blocks.size()) {
     StepBlock& b = step_.blocks[block];
     if (kind == PointKind::kCold && b.cold == kNoPoint) b.cold = p;
@@ -64,6 +66,7 @@ void StepRecorder::end_step() {
   active_ = false;
   if (overflow_) {
     following_ = false;
+    plan_pending_ = false;
     recorded_.clear();
     plan_ = Plan();
     fetches_.clear();
@@ -81,7 +84,14 @@ void StepRecorder::end_step() {
   following_ = false;
   recorded_ = std::move(points_);
   points_.clear();
-  plan_ = make_plan(step_, PlanOptions{limit_, 0, extra_});
+  plan_pending_ = true;
+}
+
+void StepRecorder::plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns) {
+  if (!plan_pending_) return;
+  plan_pending_ = false;
+  step_.time_ns = std::move(time_ns);
+  plan_ = make_plan(step_, PlanOptions{limit_, 0, extra_, bytes_per_ns});
   fetches_.assign(recorded_.size(), {});
   std::vector<uint32_t> victims;
   for (uint32_t b = 0; b < plan_.fetch_at.size(); ++b)

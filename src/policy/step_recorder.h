@@ -8,8 +8,11 @@
 // block is released (or freed): gradient accumulation's several forwards before their
 // backwards are one step. Every step is recorded: each engine call of it is a point (its
 // kind, the block's ordinal in the step's pack order, its placed size) with the pool's
-// demand since the point before. When a step ends, the plan for the next one is made from
-// it (make_plan, at the pool's limit).
+// demand since the point before. An allocation that had to ask the engine for memory
+// (pressure()) says what the pool really needed then, its overhead included: the next
+// point's demand is at least that. The plan for the next step is made from the step that
+// ended (make_plan, at the pool's limit), with the device's times of the points and the
+// copy rate when the engine has measured them (plan_next()), before the next step begins.
 //
 // The next step *follows* the plan as long as its points are the recorded ones, in the same
 // order (kind, ordinal and size: the signature of the step); the first point that differs
@@ -21,6 +24,7 @@
 // Thread safety: none; the engine's mutex guards it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -46,8 +50,14 @@ class StepRecorder {
 
   // A graph began with no block tracked: a new step.
   void begin_step();
-  // The last tracked block went: the step ends, and the next one's plan is made.
+  // The last tracked block went: the step ends.
   void end_step();
+  // A step ended whose plan is not made yet.
+  bool plan_pending() const { return plan_pending_; }
+  // Makes the next step's plan from the step that ended, with its points' times (ns from
+  // the step's start, one per point; empty: unknown) and the device-to-host copy rate (0:
+  // unknown). begin_step() makes it without times when the engine did not.
+  void plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns);
 
   // The ordinal in the current step of a block packed for the first time in it.
   uint32_t new_block(uint64_t bytes);
@@ -68,9 +78,15 @@ class StepRecorder {
   // Following: an allocation at the current point still had to wait for `bytes` of
   // evictions (feedback for the next plan).
   void waited(uint64_t bytes);
+  // An allocation since the last point needed the pool to map `bytes` with nothing evicted
+  // (what was mapped, what it lacked, and the evicted blocks' bytes): the next point's
+  // demand is at least that.
+  void pressure(uint64_t bytes) { pressure_ = std::max(pressure_, bytes); }
 
   uint64_t num_planned_steps() const { return planned_steps_; }
   uint64_t num_divergences() const { return divergences_; }
+  // The points of the step that ended last (the recording the plan is made from).
+  size_t recorded_points() const { return recorded_.size(); }
   // The plan being followed (or to be followed by the next step).
   const Plan& plan() const { return plan_; }
   // One line on the plan for the log.
@@ -91,6 +107,8 @@ class StepRecorder {
   bool active_ = false;
   bool following_ = false;
   bool overflow_ = false;         // the current step passed max_points_: not recorded
+  bool plan_pending_ = false;
+  uint64_t pressure_ = 0;
   // The step being recorded now.
   std::vector<Point> points_;
   RecordedStep step_;

@@ -117,8 +117,18 @@ class Engine::Impl {
   uint64_t reclaim(uint64_t bytes, ReclaimMode mode) {
     cuda::RelaxedCaptureScope relaxed;
     std::lock_guard lock(mu_);
-    // An allocation that gets this far waits for evictions: the plan fell short here.
-    if (mode == ReclaimMode::kFull) recorder_.waited(bytes);
+    if (mode == ReclaimMode::kFull && recorder_.active()) {
+      // The pool's own measures did not suffice: what it would own now with nothing evicted
+      // (the limit it is at, what it still lacks, the evicted blocks) is the step's real
+      // demand here, the pool's overhead included. Following a plan, the plan fell short.
+      const uint64_t unmapped = st_.evicted_bytes - std::min(st_.evicted_bytes, in_flight_bytes(Residency::kFetching));
+      recorder_.pressure(pool_.stats().limit_bytes + bytes + unmapped);
+      if (recorder_.following()) {
+        recorder_.waited(bytes);
+        stats::log(stats::LogLevel::kDebug, "device %d: following the plan, an allocation waits for %llu bytes",
+                   device_, static_cast<unsigned long long>(bytes));
+      }
+    }
     const uint64_t before = unmapped_total_;
     host_refusal_.clear();  // the report of an out-of-memory after this says this round's reason
     try {
@@ -215,7 +225,10 @@ class Engine::Impl {
   // Note [Recording and following a step] (policy/step_recorder.h): a new step, a point of
   // it (then the plan's fetches due after it), and its end once nothing is tracked.
   void begin_step();
-  void note_point(policy::PointKind kind, uint32_t block, uint64_t bytes);
+  // The plan for the step about to begin, from the one that ended, with the device's times
+  // of its points and the copy rate measured on its evictions.
+  void plan_next_step();
+  void note_point(policy::PointKind kind, uint32_t block, uint64_t bytes, cudaStream_t stream = nullptr);
   void follow_fetches(uint32_t point);
   void end_step_if_done();
   void untrack(Slot& s, uint32_t slot);
@@ -245,6 +258,17 @@ class Engine::Impl {
   policy::StepRecorder recorder_;
   std::vector<uint32_t> step_slots_;   // the step's block ordinals -> slots
   std::vector<uint32_t> due_fetches_;  // ordinals whose planned fetch found no memory yet
+  // The step's clock: a timed event at each point that has a stream, and timed copies (the
+  // copy rate), read when the next step's plan is made.
+  cuda::EventPool timed_;
+  std::vector<std::pair<uint32_t, cuda::Event>> point_events_;
+  struct TimedCopy {
+    cuda::Event start, end;
+    uint64_t bytes;
+  };
+  std::vector<TimedCopy> timed_copies_;
+  static constexpr size_t kTimedCopies = 16;  // per step
+  double bytes_per_ns_ = 0;  // the D2H rate measured last; 0: none measured yet
   uint64_t unmapped_total_ = 0;  // device bytes freed by completed evictions, ever (reclaim's measure)
 
   EngineStats st_;
@@ -258,7 +282,8 @@ Engine::Impl::Impl(pool::DevicePool& pool, const EngineOptions& options)
       h2d_(cuda::Stream::create(pool.device(), cuda::greatest_priority(pool.device()))),
       events_(pool.device()),
       host_(HostTierOptions{options.host_limit_bytes, 0, pool.device()}),
-      recorder_(options.plan, pool.stats().limit_bytes) {}
+      recorder_(options.plan, pool.stats().limit_bytes),
+      timed_(pool.device(), true) {}
 
 void Engine::Impl::update_peaks() {
   st_.peak_host_bytes = std::max(st_.peak_host_bytes, host_.used_bytes());
@@ -280,7 +305,8 @@ void* Engine::Impl::allocate_tagged(size_t size, cudaStream_t stream, std::strin
     pool_.deallocate(p, pool::any_stream());
     throw;
   }
-  note_point(policy::PointKind::kAlloc, policy::kNoPoint, slots_[by_addr_.at(reinterpret_cast<uintptr_t>(p))].placed);
+  note_point(policy::PointKind::kAlloc, policy::kNoPoint, slots_[by_addr_.at(reinterpret_cast<uintptr_t>(p))].placed,
+             stream);
   background("a tagged allocation");
   update_peaks();
   return p;
@@ -407,7 +433,6 @@ uint64_t Engine::Impl::pack(const void* ptr, cudaStream_t stream) {
   const uint32_t slot = it->second;
   Slot& s = slots_[slot];
   if (addr - s.addr >= s.placed) return 0;
-  (void)stream;  // the save is ordered by the caller; pack queues no work
   const policy::UseKey key{graph_, ++seq_};
   if (s.packs == 0) {
     s.key = key;
@@ -427,7 +452,7 @@ uint64_t Engine::Impl::pack(const void* ptr, cudaStream_t stream) {
       step_slots_[s.step_block] = slot;
     }
   }
-  note_point(policy::PointKind::kPack, s.step_block, s.placed);
+  note_point(policy::PointKind::kPack, s.step_block, s.placed, stream);
   return handle_of(slot);
 }
 
@@ -472,7 +497,7 @@ Status Engine::Impl::mark_cold(uint64_t handle, cudaStream_t stream) {
   s->cold_stream = stream;
   s->unpacked = false;
   const uint32_t slot = slot_of(handle);
-  note_point(policy::PointKind::kCold, s->step_block, 0);
+  note_point(policy::PointKind::kCold, s->step_block, 0, stream);
   if (recorder_.planned_victim(slots_[slot].step_block) && slots_[slot].residency == Residency::kResident) {
     // The plan's victim: its copy starts now, while the copy engine is idle; its pages stay
     // mapped (clean) until an allocation needs them.
@@ -543,7 +568,7 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
   s->unpacked = true;
   s->cold = false;
   order_.set_cursor(s->key);
-  note_point(policy::PointKind::kUnpack, s->step_block, 0);
+  note_point(policy::PointKind::kUnpack, s->step_block, 0, stream);
   // Prefetch the window; make room for it by giving up what is needed furthest away.
   if (options_.horizon > 0) {
     try {
@@ -640,9 +665,21 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
   try {
     copied = events_.acquire();
     cuda::wait_event(d2h_.get(), s.cold_event);
+    // A few copies of each recorded step are timed: the copy rate the plan needs.
+    const bool timing = recorder_.active() && timed_copies_.size() < kTimedCopies && s.requested >= (1u << 20);
+    cuda::Event t0, t1;
+    if (timing) {
+      t0 = timed_.acquire();
+      t0.record(d2h_.get());
+    }
     cuda::copy_async(host, reinterpret_cast<void*>(s.addr), s.requested, d2h_.get());
     queued = true;
     copied.record(d2h_.get());
+    if (timing) {
+      t1 = timed_.acquire();
+      t1.record(d2h_.get());
+      timed_copies_.push_back({std::move(t0), std::move(t1), s.requested});
+    }
   } catch (const cuda::CudaError& e) {
     // Nothing left the device: the block stays resident and cold. Its host buffer goes back
     // once nothing queued can write it any more.
@@ -889,6 +926,14 @@ uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t
   // drop at once; a fetch that completed makes its block resident, and it may be a victim
   // by now (the window moved on while it was in flight).
   complete_copies(false);
+  if (mode == ReclaimMode::kNoWait && recorder_.following()) {
+    // The plan's victims, copied out since they went cold, are what it gives up at once; no
+    // eviction starts beyond the plan before the pool has tried its own measures (the
+    // forward's cached blocks, once the stream is synchronized: waiting for queued work
+    // costs less than two copies over the bus).
+    drop_clean(bytes, except);
+    return freed();
+  }
   make_room(bytes, except);
   if (mode == ReclaimMode::kNoWait) return freed();
   // Rounds 0 and 1 spare the prefetch window; waiting for round 0's copies may land fetches
@@ -912,16 +957,71 @@ uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t
 void Engine::Impl::begin_step() {
   if (!recorder_.enabled()) return;
   if (recorder_.active()) recorder_.end_step();  // a step that packed nothing
+  plan_next_step();
   pool_.take_allocated_high();  // the demand is counted from here
   recorder_.begin_step();
   step_slots_.clear();
   due_fetches_.clear();
 }
 
-void Engine::Impl::note_point(policy::PointKind kind, uint32_t block, uint64_t bytes) {
+void Engine::Impl::note_point(policy::PointKind kind, uint32_t block, uint64_t bytes, cudaStream_t stream) {
   if (!recorder_.active()) return;
   const uint32_t p = recorder_.point(kind, block, bytes, pool_.take_allocated_high());
-  if (p != policy::kNoPoint && recorder_.following()) follow_fetches(p);
+  if (p == policy::kNoPoint) return;
+  if (stream && stream != pool::any_stream()) {
+    // The point's time on the device. Best effort: a plan without times still works.
+    try {
+      if (!cuda::is_capturing(stream)) {
+        cuda::Event e = timed_.acquire();
+        e.record(stream);
+        point_events_.emplace_back(p, std::move(e));
+      }
+    } catch (const std::exception& e) {
+      stats::log(stats::LogLevel::kDebug, "device %d: timing a point failed: %s", device_, e.what());
+    }
+  }
+  if (recorder_.following()) follow_fetches(p);
+}
+
+void Engine::Impl::plan_next_step() {
+  std::vector<uint64_t> times;
+  if (recorder_.plan_pending()) {
+    try {
+      uint64_t bytes = 0, ns = 0;
+      for (const TimedCopy& c : timed_copies_) {
+        c.end.synchronize();
+        bytes += c.bytes;
+        ns += cuda::elapsed_ns(c.start, c.end);
+      }
+      if (bytes > 0 && ns > 0) bytes_per_ns_ = double(bytes) / double(ns);
+      if (!point_events_.empty() && bytes_per_ns_ > 0) {
+        point_events_.back().second.synchronize();  // the last point: all of them have completed
+        times.assign(recorder_.recorded_points(), 0);
+        const cuda::Event& first = point_events_.front().second;
+        uint64_t t = 0;
+        size_t k = 0;
+        for (uint32_t p = 0; p < times.size(); ++p) {
+          for (; k < point_events_.size() && point_events_[k].first == p; ++k)
+            t = std::max(t, cuda::elapsed_ns(first, point_events_[k].second));
+          times[p] = t;
+        }
+      }
+    } catch (const std::exception& e) {
+      stats::log(stats::LogLevel::kDebug, "device %d: reading the step's times failed: %s (planning without them)",
+                 device_, e.what());
+      times.clear();
+    }
+    recorder_.plan_next(std::move(times), bytes_per_ns_);
+    stats::log(stats::LogLevel::kDebug, "device %d: plan: %s, copy rate %.1f GB/s", device_,
+               recorder_.describe().c_str(), bytes_per_ns_);
+  }
+  for (auto& [p, e] : point_events_) timed_.release(std::move(e));
+  point_events_.clear();
+  for (TimedCopy& c : timed_copies_) {
+    timed_.release(std::move(c.start));
+    timed_.release(std::move(c.end));
+  }
+  timed_copies_.clear();
 }
 
 // The plan's fetches due after point `p`, and those due earlier that found no memory then:
@@ -956,7 +1056,7 @@ void Engine::Impl::end_step_if_done() {
   recorder_.end_step();
   step_slots_.clear();
   due_fetches_.clear();
-  stats::log(stats::LogLevel::kDebug, "device %d: step recorded: %s", device_, recorder_.describe().c_str());
+
 }
 
 void Engine::Impl::maybe_soft_evict() {

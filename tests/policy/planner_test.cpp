@@ -57,8 +57,8 @@ class MakePlan : public testing::TestWithParam<Case> {};
 
 TEST_P(MakePlan, MatchesTheKnownBestPlan) {
   const Case& c = GetParam();
-  RecordedStep step{c.demand, c.blocks};
-  PlanOptions options{c.limit, c.margin, c.extra};
+  RecordedStep step{c.demand, c.blocks, {}};
+  PlanOptions options{c.limit, c.margin, c.extra, 0};
   const Plan plan = make_plan(step, options);
   ASSERT_EQ(c.blocks.size(), plan.fetch_at.size());
   uint64_t bytes = 0;
@@ -80,6 +80,47 @@ TEST_P(MakePlan, MatchesTheKnownBestPlan) {
 INSTANTIATE_TEST_SUITE_P(Steps, MakePlan, testing::ValuesIn(kCases),
                          [](const testing::TestParamInfo<Case>& info) { return info.param.name; });
 
+// With the points' times (10 ns apart) and a copy rate of 1 byte/ns, a block's copy takes
+// as many ns as it has bytes, and copies run one after another in the order of cold.
+std::vector<uint64_t> every_10ns(size_t n) {
+  std::vector<uint64_t> t(n);
+  for (size_t j = 0; j < n; ++j) t[j] = 10 * j;
+  return t;
+}
+
+TEST(MakePlanTimed, ACopyThatCannotLandInTimeIsPassedOver) {
+  // X = 40 at point 4 (t = 40). B (needed last) goes cold at t = 30: its 40 ns copy lands at
+  // 70. A went cold at t = 0 and lands at 40: A is the victim.
+  RecordedStep step{{10, 10, 10, 10, 50, 10, 10, 10, 10, 10, 10, 10}, {{40, 0, 9}, {40, 3, 11}}, {}};
+  const Plan blind = make_plan(step, {10, 0, {}, 0});
+  EXPECT_EQ(std::vector<uint8_t>({0, 1}), blind.evict) << "without times, Belady takes B";
+  step.time_ns = every_10ns(step.demand.size());
+  const Plan timed = make_plan(step, {10, 0, {}, 1.0});
+  EXPECT_EQ(std::vector<uint8_t>({1, 0}), timed.evict);
+  EXPECT_EQ(4u, timed.fetch_at[0]);
+  EXPECT_EQ(0u, timed.shortfall_bytes);
+}
+
+TEST(MakePlanTimed, CopiesQueueInTheOrderOfCold) {
+  // A (cold at t = 0) and C (cold at t = 10), 40 bytes each, both needed out: A lands at 40,
+  // C waits for A and lands at 80. Needed at point 8 (t = 80): both count.
+  RecordedStep step{{10, 10, 10, 10, 10, 10, 10, 10, 90, 10, 10, 10}, {{40, 0, 10}, {40, 1, 11}}, {}};
+  step.time_ns = every_10ns(step.demand.size());
+  Plan plan = make_plan(step, {10, 0, {}, 1.0});
+  EXPECT_EQ(std::vector<uint8_t>({1, 1}), plan.evict);
+  EXPECT_EQ(0u, plan.shortfall_bytes);
+  // Needed at point 7 (t = 70) instead: C cannot be out by then.
+  step.demand = {10, 10, 10, 10, 10, 10, 10, 90, 10, 10, 10, 10};
+  plan = make_plan(step, {10, 0, {}, 1.0});
+  EXPECT_EQ(40u, plan.shortfall_bytes);
+  EXPECT_EQ(1u, plan.num_victims);
+}
+
+TEST(MakePlanTimed, TimesOfTheWrongLengthAreIgnored) {
+  RecordedStep step{{10, 10, 10, 10, 50, 10, 10, 10, 10, 10, 10, 10}, {{40, 0, 9}, {40, 3, 11}}, {0, 10}};
+  EXPECT_EQ(std::vector<uint8_t>({0, 1}), make_plan(step, {10, 0, {}, 1.0}).evict);
+}
+
 // Every point's bytes out under the plan cover what must be out there, wherever a cold
 // block could: checked on a generated forward/backward step of many blocks.
 TEST(MakePlanProperty, EveryCoverablePointIsCoveredAndNothingIsOutAtItsUse) {
@@ -98,7 +139,7 @@ TEST(MakePlanProperty, EveryCoverablePointIsCoveredAndNothingIsOutAtItsUse) {
     step.demand[j] = d;
   }
   for (uint64_t limit : {200u, 130u, 100u, 60u}) {
-    const Plan plan = make_plan(step, {limit, 0, {}});
+    const Plan plan = make_plan(step, {limit, 0, {}, 0});
     EXPECT_EQ(0u, plan.shortfall_bytes) << limit;
     for (uint32_t j = 0; j < n; ++j) {
       uint64_t out = 0;

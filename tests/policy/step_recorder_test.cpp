@@ -40,6 +40,7 @@ struct Driver {
     at(K::kUnpack, a, 0, 6);
     at(K::kRelease, a, 0, 4);
     r.end_step();
+    r.plan_next({}, 0);
   }
 };
 
@@ -96,6 +97,7 @@ TEST(StepRecorder, ADifferentStepDivergesAndIsRecordedForTheNext) {
   rest.at(K::kUnpack, 0, 0, 6);
   rest.at(K::kRelease, 0, 0, 4);
   r.end_step();
+    r.plan_next({}, 0);
   d.step(3, 6);  // the new shape repeats: followed
   EXPECT_EQ(1u, r.num_planned_steps());
   EXPECT_EQ(1u, r.num_divergences());
@@ -127,9 +129,46 @@ TEST(StepRecorder, WaitsAreCoveredByTheNextPlan) {
   f.at(K::kUnpack, 0, 0, 6);
   f.at(K::kRelease, 0, 0, 4);
   r.end_step();
+    r.plan_next({}, 0);
   EXPECT_EQ(1u, r.num_planned_steps());
   EXPECT_EQ(2u, r.plan().must_leave_bytes) << "the wait is added at the junction";
   EXPECT_EQ(1u, r.plan().num_victims);
+}
+
+TEST(StepRecorder, PressureRaisesTheNextPointsDemand) {
+  StepRecorder r(true, 10);
+  r.begin_step();
+  r.point(K::kGraph, kNoPoint, 0, 4);
+  const uint32_t a = r.new_block(4);
+  r.point(K::kPack, a, 4, 4);
+  r.point(K::kCold, a, 0, 4);
+  r.pressure(13);  // an allocation found the pool needing 13 with nothing evicted
+  r.point(K::kAlloc, kNoPoint, 2, 8);  // the allocated bytes alone say 8
+  r.point(K::kUnpack, a, 0, 6);
+  r.point(K::kRelease, a, 0, 4);
+  r.end_step();
+  EXPECT_TRUE(r.plan_pending());
+  r.plan_next({}, 0);
+  EXPECT_FALSE(r.plan_pending());
+  EXPECT_EQ(3u, r.plan().must_leave_bytes);
+  EXPECT_EQ(1u, r.plan().num_victims);
+}
+
+TEST(StepRecorder, BeginStepPlansWithoutTimesWhenNobodyDid) {
+  StepRecorder r(true, 10);
+  Driver d(r);
+  d.step(3);  // plans (the driver calls plan_next)
+  r.begin_step();
+  r.point(K::kGraph, kNoPoint, 0, 0);
+  // A step that ends without plan_next: the next begin_step makes the plan itself.
+  const uint32_t a = r.new_block(4);
+  r.point(K::kPack, a, 4, 4);
+  r.point(K::kRelease, a, 0, 4);
+  r.end_step();
+  EXPECT_TRUE(r.plan_pending());
+  r.begin_step();
+  EXPECT_FALSE(r.plan_pending());
+  EXPECT_TRUE(r.following());
 }
 
 TEST(StepRecorder, DisabledRecordsNothing) {
