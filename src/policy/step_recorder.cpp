@@ -13,6 +13,7 @@ void StepRecorder::begin_step() {
   points_.clear();
   step_ = RecordedStep();
   waited_.clear();
+  shape_ = 0;
   following_ = !recorded_.empty();
 }
 
@@ -37,7 +38,10 @@ uint32_t StepRecorder::point(PointKind kind, uint32_t block, uint64_t bytes, uin
   }
   const uint32_t p = uint32_t(points_.size());
   const Point here{kind, block, bytes};
-  if (following_ && (p >= recorded_.size() || !(recorded_[p] == here))) diverge();
+  if (kind == PointKind::kAlloc || kind == PointKind::kPack) {
+    if (following_ && (shape_ >= recorded_shape_.size() || !(recorded_shape_[shape_] == here))) diverge();
+    ++shape_;
+  }
   points_.push_back(here);
   step_.demand.push_back(std::max(demand, pressure_));
   pressure_ = 0;
@@ -68,11 +72,12 @@ void StepRecorder::end_step() {
     following_ = false;
     plan_pending_ = false;
     recorded_.clear();
+    recorded_shape_.clear();
     plan_ = Plan();
     fetches_.clear();
     return;
   }
-  if (following_ && points_.size() == recorded_.size()) {
+  if (following_ && shape_ == recorded_shape_.size()) {
     ++planned_steps_;
     // Feedback: what the allocations still waited for is added where they waited.
     if (extra_.size() < waited_.size()) extra_.resize(waited_.size(), 0);
@@ -84,6 +89,9 @@ void StepRecorder::end_step() {
   following_ = false;
   recorded_ = std::move(points_);
   points_.clear();
+  recorded_shape_.clear();
+  for (const Point& q : recorded_)
+    if (q.kind == PointKind::kAlloc || q.kind == PointKind::kPack) recorded_shape_.push_back(q);
   plan_pending_ = true;
 }
 

@@ -4,9 +4,11 @@
 //
 // Note [Recording and following a step]
 // -------------------------------------
-// A step starts when a graph begins with no block tracked, and ends when the last tracked
-// block is released (or freed): gradient accumulation's several forwards before their
-// backwards are one step. Every step is recorded: each engine call of it is a point (its
+// A step starts when a graph begins with no block tracked, and ends when the next such graph
+// begins: gradient accumulation's several forwards before their backwards are one step, and
+// a forward that releases every block it saved so far before saving more (it happens) is
+// not cut in two. A step that follows the plan ends as soon as it has made every recorded
+// point (the engine checks complete() when the last tracked block goes). Every step is recorded: each engine call of it is a point (its
 // kind, the block's ordinal in the step's pack order, its placed size) with the pool's
 // demand since the point before. An allocation that had to ask the engine for memory
 // (pressure()) says what the pool really needed then, its overhead included: the next
@@ -14,10 +16,13 @@
 // ended (make_plan, at the pool's limit), with the device's times of the points and the
 // copy rate when the engine has measured them (plan_next()), before the next step begins.
 //
-// The next step *follows* the plan as long as its points are the recorded ones, in the same
-// order (kind, ordinal and size: the signature of the step); the first point that differs
-// (or one past the recording's end) is a *divergence*: the step goes on under the reactive
-// policy, and is recorded afresh for the step after it. A step that ended following the
+// The next step *follows* the plan as long as its tagged allocations and packs are the
+// recorded ones, in the same order (kind, ordinal and size: the signature of the step); the
+// first that differs (or one past the recording's end) is a *divergence*: the step goes on
+// under the reactive policy, and is recorded afresh for the step after it. The other points
+// (cold marks, unpacks, releases) are not compared: the tracker finds blocks cold when its
+// hooks run, and several found at once may come in another order from one step to the next,
+// which moves a fetch by a point or two and changes nothing else. A step that ended following the
 // plan counts as planned; the bytes its allocations still had to wait for at a point
 // (waited()) are added to that point's demand in the next plan (feedback).
 //
@@ -52,6 +57,10 @@ class StepRecorder {
   void begin_step();
   // The last tracked block went: the step ends.
   void end_step();
+  // Following the plan, every recorded point has been made: the step is the recorded one.
+  bool complete() const {
+    return following_ && shape_ == recorded_shape_.size() && points_.size() >= recorded_.size();
+  }
   // A step ended whose plan is not made yet.
   bool plan_pending() const { return plan_pending_; }
   // Makes the next step's plan from the step that ended, with its points' times (ns from
@@ -115,6 +124,8 @@ class StepRecorder {
   std::vector<uint64_t> waited_;  // per point of the current step
   // The recording the plan was made from, its plan, and the fetches by point.
   std::vector<Point> recorded_;
+  std::vector<Point> recorded_shape_;  // its tagged allocations and packs: the signature
+  size_t shape_ = 0;                   // how many of them the current step has made
   std::vector<uint64_t> extra_;   // feedback carried into the plan
   Plan plan_;
   std::vector<std::vector<uint32_t>> fetches_;

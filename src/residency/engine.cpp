@@ -956,7 +956,7 @@ uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t
 
 void Engine::Impl::begin_step() {
   if (!recorder_.enabled()) return;
-  if (recorder_.active()) recorder_.end_step();  // a step that packed nothing
+  if (recorder_.active()) recorder_.end_step();  // the step before ends where this one begins
   plan_next_step();
   pool_.take_allocated_high();  // the demand is counted from here
   recorder_.begin_step();
@@ -966,7 +966,12 @@ void Engine::Impl::begin_step() {
 
 void Engine::Impl::note_point(policy::PointKind kind, uint32_t block, uint64_t bytes, cudaStream_t stream) {
   if (!recorder_.active()) return;
+  const bool following = recorder_.following();
   const uint32_t p = recorder_.point(kind, block, bytes, pool_.take_allocated_high());
+  if (following && !recorder_.following())
+    stats::log(stats::LogLevel::kDebug, "device %d: the step diverges from the recorded one at point %u (kind %d, "
+               "block %u, %llu bytes): the watermarks decide for the rest of it", device_, p, int(kind), block,
+               static_cast<unsigned long long>(bytes));
   if (p == policy::kNoPoint) return;
   if (stream && stream != pool::any_stream()) {
     // The point's time on the device. Best effort: a plan without times still works.
@@ -1052,7 +1057,8 @@ void Engine::Impl::follow_fetches(uint32_t p) {
 }
 
 void Engine::Impl::end_step_if_done() {
-  if (!recorder_.active() || st_.num_tracked_blocks != 0) return;
+  // A step that is not known to be complete ends when the next one begins (begin_step).
+  if (!recorder_.active() || st_.num_tracked_blocks != 0 || !recorder_.complete()) return;
   recorder_.end_step();
   step_slots_.clear();
   due_fetches_.clear();

@@ -23,7 +23,7 @@ struct Driver {
   }
   // The points of the two cold marks and of the junction, for the tests' checks.
   uint32_t cold_a = kNoPoint, cold_b = kNoPoint, junction = kNoPoint;
-  void step(uint64_t over, uint64_t b_bytes = 4, bool finish = true) {
+  void step(uint64_t over, uint64_t b_bytes = 4, bool finish = true, bool swap_cold = false) {
     r.begin_step();
     at(K::kGraph, kNoPoint, 0, 0);
     at(K::kAlloc, kNoPoint, 4, 4);
@@ -32,8 +32,13 @@ struct Driver {
     at(K::kAlloc, kNoPoint, b_bytes, 4 + b_bytes);
     const uint32_t b = r.new_block(b_bytes);
     at(K::kPack, b, b_bytes, 4 + b_bytes);
-    cold_a = at(K::kCold, a, 0, 4 + b_bytes);
-    cold_b = at(K::kCold, b, 0, 4 + b_bytes);
+    if (swap_cold) {
+      cold_b = at(K::kCold, b, 0, 4 + b_bytes);
+      cold_a = at(K::kCold, a, 0, 4 + b_bytes);
+    } else {
+      cold_a = at(K::kCold, a, 0, 4 + b_bytes);
+      cold_b = at(K::kCold, b, 0, 4 + b_bytes);
+    }
     junction = at(K::kUnpack, b, 0, 10 + over);  // the loss gradient was allocated before it
     if (!finish) return;
     at(K::kRelease, b, 0, 8);
@@ -101,6 +106,16 @@ TEST(StepRecorder, ADifferentStepDivergesAndIsRecordedForTheNext) {
   d.step(3, 6);  // the new shape repeats: followed
   EXPECT_EQ(1u, r.num_planned_steps());
   EXPECT_EQ(1u, r.num_divergences());
+}
+
+// The tracker may find two blocks cold in the other order next time: the same step.
+TEST(StepRecorder, ColdMarksInAnotherOrderAreTheSameStep) {
+  StepRecorder r(true, 10);
+  Driver d(r);
+  d.step(3);
+  d.step(3, 4, true, true);
+  EXPECT_EQ(1u, r.num_planned_steps());
+  EXPECT_EQ(0u, r.num_divergences());
 }
 
 TEST(StepRecorder, NoPressureMeansAnEmptyPlanFollowed) {

@@ -11,6 +11,8 @@ A case is a training pattern run on models.build()'s transformer:
                       backwards, gradients accumulating
   nested              offload() around the whole forward and again around each odd block
                       (scopes nest; leaving the inner one keeps the outer one open)
+  train3              three training steps (forward, backward, an SGD update): the second
+                      and third repeat the first, so vramswap follows its plan there
 
 Each case runs in child processes (`python3 <test> --child MODE OUT LIMIT CASE...`):
   ref      no vramswap at all (c10's default CPU allocator); all cases in one process
@@ -39,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # noqa: E402
 
 MIB = 1 << 20
-CASES = ("step", "checkpoint", "accum_interleaved", "accum_two_forwards", "nested")
+CASES = ("step", "checkpoint", "accum_interleaved", "accum_two_forwards", "nested", "train3")
 CHECKPOINTED = (2, 3)  # blocks run under checkpoint in the checkpoint case: the last ones, so
 # blocks 0 and 1, offloaded, stay evicted while backward recomputes 3 and 2
 
@@ -86,6 +88,18 @@ def run_case(torch, case, model, data, scope, between=None):
         for loss in losses:
             loss.backward()
         return [loss.detach() for loss in losses]
+    if case == "train3":
+        tokens, targets = data[0]
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        losses = []
+        for _ in range(3):
+            optimizer.zero_grad()
+            with scope():
+                loss = model(tokens, targets)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach())
+        return losses
     raise ValueError(f"unknown case {case!r}; known: {', '.join(CASES)}")
 
 
