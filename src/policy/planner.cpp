@@ -137,6 +137,7 @@ Plan make_plan(const RecordedStep& step, const PlanOptions& options) {
   for (uint32_t j = 0; j < n; ++j) slack[j] -= int64_t(must[j]);
   std::stable_sort(chosen.begin(), chosen.end(),
                    [&](uint32_t a, uint32_t b) { return last_out(step.blocks[a]) < last_out(step.blocks[b]); });
+  uint32_t queue = 0;  // the fetch point of the victim needed before this one
   for (uint32_t b : chosen) {
     const StepBlock& s = step.blocks[b];
     const int64_t bytes = int64_t(s.bytes);
@@ -147,6 +148,11 @@ Plan make_plan(const RecordedStep& step, const PlanOptions& options) {
         break;
       }
     }
+    // The copies back run one after another: a block needed later never starts before one
+    // needed sooner, which would make that one late (it only waits for memory, never
+    // takes more: fetching later holds less).
+    if (fetch != s.cold) fetch = std::min(std::max(fetch, queue), last_out(s));
+    if (fetch != s.cold) queue = fetch;
     for (uint32_t j = fetch + 1; j <= last_out(s); ++j)
       if (out_at(b, j)) slack[j] -= bytes;
     if (fetch == s.cold) {

@@ -40,6 +40,9 @@ const Case kCases[] = {
     // Two victims come back in order of use: the first right after the peak, the second once
     // the first is back and the second alone covers point 3.
     {"FetchesShareTheSlackInOrderOfUse", {4, 6, 14, 11, 10, 8, 6, 5, 4}, {{2, 0, 6}, {2, 0, 8}}, 10, {2, 3}, 4, 0},
+    // B (2, needed last) could come back at point 2 already, A (6) only after point 5: B
+    // waits for A, so that the copies back run in the order of use.
+    {"FetchesKeepTheOrderOfUse", {10, 10, 18, 14, 14, 14, 10, 10, 10, 10}, {{6, 0, 8}, {2, 0, 9}}, 10, {5, 5}, 8, 0},
     // A victim with no use in the step (released after it) may stay out to the end.
     {"NoUsePointMeansOutUntilTheEnd", {6, 8, 11, 5}, {{4, 0, N}}, 10, {2}, 1, 0},
     // The margin (the pool's overhead) raises every point's demand.
