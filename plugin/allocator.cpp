@@ -91,6 +91,7 @@ struct DeviceStats {
     e.num_tracked_blocks += o.num_tracked_blocks;
     e.num_planned_steps += o.num_planned_steps;
     e.num_plan_divergences += o.num_plan_divergences;
+    e.num_plan_backoffs += o.num_plan_backoffs;
     e.planned_bytes_d2h += o.planned_bytes_d2h;
   }
 };
@@ -129,6 +130,7 @@ void write_counters(stats::JsonWriter& json, const DeviceStats& d) {
       .field("num_tracked_blocks", e.num_tracked_blocks)
       .field("num_planned_steps", e.num_planned_steps)
       .field("num_plan_divergences", e.num_plan_divergences)
+      .field("num_plan_backoffs", e.num_plan_backoffs)
       .field("planned_bytes_d2h", e.planned_bytes_d2h);
 }
 

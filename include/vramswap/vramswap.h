@@ -148,10 +148,12 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * (page rounding of tagged blocks), num_tracked_blocks (blocks with a live handle),
  * num_planned_steps (steps that followed the plan of the step before to their end,
  * VRAMSWAP_PLAN), num_plan_divergences (steps that stopped following it: a different
- * step), planned_bytes_d2h (bytes the plan's evictions copied out). These
+ * step), num_plan_backoffs (planned steps slower than the reactive policy's, each sending
+ * the next steps back to it for a while), planned_bytes_d2h (bytes the plan's evictions
+ * copied out). These
  * are totals over devices (the peaks are sums of each device's peak). Then
  * num_invalid_frees (frees vramswap refused), then "devices": an array with one object per
- * device that has a pool ({"device": ordinal, the same 31 keys, num_free_blocks,
+ * device that has a pool ({"device": ordinal, the same 32 keys, num_free_blocks,
  * va_reserved_bytes}). Thread-safe; a reading taken during allocations on other threads
  * is consistent per device, not across devices. */
 size_t vramswap_stats_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;

@@ -14,7 +14,8 @@ void StepRecorder::begin_step() {
   step_ = RecordedStep();
   waited_.clear();
   shape_ = 0;
-  following_ = !recorded_.empty();
+  following_ = !recorded_.empty() && skip_ == 0;
+  if (skip_ > 0) --skip_;
 }
 
 uint32_t StepRecorder::new_block(uint64_t bytes) {
@@ -77,7 +78,8 @@ void StepRecorder::end_step() {
     fetches_.clear();
     return;
   }
-  if (following_ && shape_ == recorded_shape_.size()) {
+  ended_planned_ = following_ && shape_ == recorded_shape_.size();
+  if (ended_planned_) {
     ++planned_steps_;
     // Feedback: what the allocations still waited for is added where they waited.
     if (extra_.size() < waited_.size()) extra_.resize(waited_.size(), 0);
@@ -98,6 +100,20 @@ void StepRecorder::end_step() {
 void StepRecorder::plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns) {
   if (!plan_pending_) return;
   plan_pending_ = false;
+  if (!time_ns.empty()) {
+    const uint64_t took = time_ns.back() - time_ns.front();
+    if (!ended_planned_) {
+      reactive_ns_ = took;
+    } else if (reactive_ns_ > 0 && double(took) > 1.02 * double(reactive_ns_)) {
+      // The first slower step gets its feedback applied; a second one in a row backs off.
+      if (++losses_ >= 2) {
+        ++backoffs_;
+        skip_ = 1u << std::min<uint32_t>(losses_ - 1, 6);
+      }
+    } else {
+      losses_ = 0;
+    }
+  }
   step_.time_ns = std::move(time_ns);
   plan_ = make_plan(step_, PlanOptions{limit_, 0, extra_, bytes_per_ns});
   fetches_.assign(recorded_.size(), {});

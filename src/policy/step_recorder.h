@@ -26,6 +26,12 @@
 // plan counts as planned; the bytes its allocations still had to wait for at a point
 // (waited()) are added to that point's demand in the next plan (feedback).
 //
+// A plan must earn its place: when the points' times are known, two planned steps in a
+// row (the second with the first's feedback) that took longer (first point to last) than
+// the last step the reactive policy ran, by more than 2%, send the next steps back to the
+// reactive policy (recorded, not following) for 2, 4, 8 ... up to 64 steps before the plan
+// is tried again; a planned step that is not slower ends the back-off.
+//
 // Thread safety: none; the engine's mutex guards it.
 #pragma once
 
@@ -93,6 +99,8 @@ class StepRecorder {
   void pressure(uint64_t bytes) { pressure_ = std::max(pressure_, bytes); }
 
   uint64_t num_planned_steps() const { return planned_steps_; }
+  // Planned steps that were slower than the reactive policy's (each began a back-off).
+  uint64_t num_backoffs() const { return backoffs_; }
   uint64_t num_divergences() const { return divergences_; }
   // The points of the step that ended last (the recording the plan is made from).
   size_t recorded_points() const { return recorded_.size(); }
@@ -129,7 +137,11 @@ class StepRecorder {
   std::vector<uint64_t> extra_;   // feedback carried into the plan
   Plan plan_;
   std::vector<std::vector<uint32_t>> fetches_;
-  uint64_t planned_steps_ = 0, divergences_ = 0;
+  uint64_t planned_steps_ = 0, divergences_ = 0, backoffs_ = 0;
+  bool ended_planned_ = false;  // the step that ended last followed the plan to its end
+  uint64_t reactive_ns_ = 0;    // how long the last step the reactive policy ran took
+  uint32_t losses_ = 0;         // planned steps slower than that one, in a row
+  uint32_t skip_ = 0;           // steps left to run reactive before the plan is tried again
 };
 
 }  // namespace vramswap::policy

@@ -1096,6 +1096,7 @@ EngineStats Engine::Impl::stats() {
   EngineStats s = st_;
   s.num_planned_steps = recorder_.num_planned_steps();
   s.num_plan_divergences = recorder_.num_divergences();
+  s.num_plan_backoffs = recorder_.num_backoffs();
   const pool::PoolStats ps = pool_.stats();
   s.resident_bytes = ps.mapped_bytes;
   s.peak_resident_bytes = ps.peak_mapped_bytes;

@@ -103,6 +103,7 @@ struct EngineStats {
   uint64_t num_tracked_blocks = 0;    // blocks with a live handle
   uint64_t num_planned_steps = 0;     // steps that followed a plan to their end
   uint64_t num_plan_divergences = 0;  // steps that stopped following it (a different step)
+  uint64_t num_plan_backoffs = 0;     // planned steps slower than the reactive policy's
   uint64_t planned_bytes_d2h = 0;     // bytes the plan's evictions copied out (landed)
 };
 

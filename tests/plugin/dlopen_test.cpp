@@ -744,6 +744,7 @@ TEST_F(Plugin, StatsJsonHasTheEngineKeysInTotalsAndPerDevice) {
                         "num_tracked_blocks",
                         "num_planned_steps",
                         "num_plan_divergences",
+                        "num_plan_backoffs",
                         "planned_bytes_d2h",
                         "num_invalid_frees"};
   const size_t devices = json.find("\"devices\":[");

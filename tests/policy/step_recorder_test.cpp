@@ -45,8 +45,14 @@ struct Driver {
     at(K::kUnpack, a, 0, 6);
     at(K::kRelease, a, 0, 4);
     r.end_step();
-    r.plan_next({}, 0);
+    std::vector<uint64_t> times;
+    if (took_ns) {
+      times.assign(r.recorded_points(), 0);
+      times.back() = took_ns;
+    }
+    r.plan_next(times, took_ns ? 1.0 : 0);
   }
+  uint64_t took_ns = 0;  // the step's time from its first point to its last (0: unknown)
 };
 
 TEST(StepRecorder, TheFirstStepIsRecordedTheSecondFollowsThePlan) {
@@ -184,6 +190,33 @@ TEST(StepRecorder, BeginStepPlansWithoutTimesWhenNobodyDid) {
   r.begin_step();
   EXPECT_FALSE(r.plan_pending());
   EXPECT_TRUE(r.following());
+}
+
+// Two planned steps in a row slower than the reactive one (the second with the first's
+// feedback) send the next two steps back to the reactive policy; then the plan is tried
+// again, and a planned step as fast ends the back-off.
+TEST(StepRecorder, APlanSlowerThanTheReactivePolicyBacksOff) {
+  StepRecorder r(true, 10);
+  Driver d(r);
+  auto step_taking = [&](uint64_t ns) {
+    d.took_ns = ns;
+    d.step(3);
+  };
+  step_taking(100);  // reactive: 100 ns
+  step_taking(110);  // planned, 10% slower: its feedback gets a chance
+  EXPECT_EQ(1u, r.num_planned_steps());
+  EXPECT_EQ(0u, r.num_backoffs());
+  step_taking(110);  // planned, slower again: back off
+  EXPECT_EQ(2u, r.num_planned_steps());
+  EXPECT_EQ(1u, r.num_backoffs());
+  step_taking(100);  // reactive
+  step_taking(100);  // reactive
+  EXPECT_EQ(2u, r.num_planned_steps()) << "two steps back on the reactive policy";
+  step_taking(101);  // planned, within 2%
+  EXPECT_EQ(3u, r.num_planned_steps());
+  step_taking(101);  // and the next one follows too
+  EXPECT_EQ(4u, r.num_planned_steps());
+  EXPECT_EQ(1u, r.num_backoffs());
 }
 
 TEST(StepRecorder, DisabledRecordsNothing) {

@@ -118,8 +118,9 @@ Note [What is measured]
   bound_ns, ...       the policy-independent lower bound and its ratios (Note [The bound
                       beside every run])
   num_planned_steps,  the planned-eviction engine's counters (0 where its stats lack them):
-  num_plan_divergences, planned_bytes_d2h   steps run on a plan (a total), plans abandoned
-                      and bytes the plans copied out (over the measured step)
+  num_plan_divergences, num_plan_backoffs, planned_bytes_d2h   steps run on a plan (a
+                      total), plans abandoned, planned steps slower than the reactive
+                      policy's (totals) and bytes the plans copied out (over the measured step)
 
 Thread safety: run() and run_many() may be called from any thread; each child is a process
 of its own.
@@ -436,7 +437,8 @@ def step_start(ops):
 
 FIRST_STEP_KEYS = ("status", "step_time_ns", "compute_ns", "stall_ns", "ideal_ns", "bytes_d2h", "bytes_h2d",
                    "peak_device_bytes", "peak_live_bytes", "num_evictions", "num_prefetches", "num_faults",
-                   "num_late_prefetches", "num_planned_steps", "num_plan_divergences", "planned_bytes_d2h")
+                   "num_late_prefetches", "num_planned_steps", "num_plan_divergences", "num_plan_backoffs",
+                   "planned_bytes_d2h")
 
 
 def first_step_figures(result):
@@ -998,6 +1000,7 @@ class _Interpreter:
             # abandoned and the bytes its plans copied out.
             "num_planned_steps": stats.get("num_planned_steps", 0),
             "num_plan_divergences": stats.get("num_plan_divergences", 0) - self.stats0.get("num_plan_divergences", 0),
+            "num_plan_backoffs": stats.get("num_plan_backoffs", 0),
             "planned_bytes_d2h": stats.get("planned_bytes_d2h", 0) - self.stats0.get("planned_bytes_d2h", 0),
             "warmup": int(self.spec.get("warmup") or 0),
             "warmup_steps": self.warmup_steps,
