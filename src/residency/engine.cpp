@@ -228,7 +228,10 @@ class Engine::Impl {
   // The plan for the step about to begin, from the one that ended, with the device's times
   // of its points and the copy rate measured on its evictions.
   void plan_next_step();
-  void note_point(policy::PointKind kind, uint32_t block, uint64_t bytes, cudaStream_t stream = nullptr);
+  // `timed_on`: a stream that is not capturing, where the point's time is taken (mark_cold
+  // and unpack: the times the plan needs are when blocks go cold and when backward reaches
+  // them; the other points take the time of the point before). Null: untimed.
+  void note_point(policy::PointKind kind, uint32_t block, uint64_t bytes, cudaStream_t timed_on = nullptr);
   void follow_fetches(uint32_t point);
   void end_step_if_done();
   void untrack(Slot& s, uint32_t slot);
@@ -305,8 +308,7 @@ void* Engine::Impl::allocate_tagged(size_t size, cudaStream_t stream, std::strin
     pool_.deallocate(p, pool::any_stream());
     throw;
   }
-  note_point(policy::PointKind::kAlloc, policy::kNoPoint, slots_[by_addr_.at(reinterpret_cast<uintptr_t>(p))].placed,
-             stream);
+  note_point(policy::PointKind::kAlloc, policy::kNoPoint, slots_[by_addr_.at(reinterpret_cast<uintptr_t>(p))].placed);
   background("a tagged allocation");
   update_peaks();
   return p;
@@ -425,6 +427,7 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
 }
 
 uint64_t Engine::Impl::pack(const void* ptr, cudaStream_t stream) {
+  (void)stream;  // the save is ordered by the caller; pack queues no work
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard lock(mu_);
   auto it = by_addr_.upper_bound(addr);
@@ -452,7 +455,7 @@ uint64_t Engine::Impl::pack(const void* ptr, cudaStream_t stream) {
       step_slots_[s.step_block] = slot;
     }
   }
-  note_point(policy::PointKind::kPack, s.step_block, s.placed, stream);
+  note_point(policy::PointKind::kPack, s.step_block, s.placed);
   return handle_of(slot);
 }
 
@@ -568,7 +571,7 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
   s->unpacked = true;
   s->cold = false;
   order_.set_cursor(s->key);
-  note_point(policy::PointKind::kUnpack, s->step_block, 0, stream);
+  note_point(policy::PointKind::kUnpack, s->step_block, 0, capturing ? nullptr : stream);
   // Prefetch the window; make room for it by giving up what is needed furthest away.
   if (options_.horizon > 0) {
     try {
@@ -964,7 +967,7 @@ void Engine::Impl::begin_step() {
   due_fetches_.clear();
 }
 
-void Engine::Impl::note_point(policy::PointKind kind, uint32_t block, uint64_t bytes, cudaStream_t stream) {
+void Engine::Impl::note_point(policy::PointKind kind, uint32_t block, uint64_t bytes, cudaStream_t timed_on) {
   if (!recorder_.active()) return;
   const bool following = recorder_.following();
   const uint32_t p = recorder_.point(kind, block, bytes, pool_.take_allocated_high());
@@ -973,14 +976,12 @@ void Engine::Impl::note_point(policy::PointKind kind, uint32_t block, uint64_t b
                "block %u, %llu bytes): the watermarks decide for the rest of it", device_, p, int(kind), block,
                static_cast<unsigned long long>(bytes));
   if (p == policy::kNoPoint) return;
-  if (stream && stream != pool::any_stream()) {
+  if (timed_on && timed_on != pool::any_stream()) {
     // The point's time on the device. Best effort: a plan without times still works.
     try {
-      if (!cuda::is_capturing(stream)) {
-        cuda::Event e = timed_.acquire();
-        e.record(stream);
-        point_events_.emplace_back(p, std::move(e));
-      }
+      cuda::Event e = timed_.acquire();
+      e.record(timed_on);
+      point_events_.emplace_back(p, std::move(e));
     } catch (const std::exception& e) {
       stats::log(stats::LogLevel::kDebug, "device %d: timing a point failed: %s", device_, e.what());
     }
