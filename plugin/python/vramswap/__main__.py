@@ -1,6 +1,7 @@
 """`python3 -m vramswap run [--no-offload] -- [python] script.py args...`
-`python3 -m vramswap bench [SCENARIO...] [--out DIR | --results] [--json] [--quick]`
-`python3 -m vramswap replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS] [--json]`
+`python3 -m vramswap bench [SCENARIO...|SNAPSHOT...] [--out DIR | --results] [--json] [--quick] [--warmup N]`
+`python3 -m vramswap replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS] [--warmup N]
+ [--policy none|offload_all|vramswap] [--until PHASE] [--json]`
 
 bench and replay are the memory-pressure benchmark on cudasim in virtual time
 (vramswap/bench/cli.py); they need neither torch nor a GPU, and import no torch.
@@ -39,8 +40,10 @@ import runpy
 import sys
 
 USAGE = """usage: python3 -m vramswap run [--no-offload] [--] [python] (script.py | -m module) [args...]
-       python3 -m vramswap bench [SCENARIO...|all] [--out DIR | --results] [--json] [--quick] [--list]
-       python3 -m vramswap replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS] [--json]
+       python3 -m vramswap bench [SCENARIO...|SNAPSHOT...|all] [--out DIR | --results] [--json] [--quick]
+                                 [--warmup N] [--list]
+       python3 -m vramswap replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS]
+                                 [--warmup N] [--policy none|offload_all|vramswap] [--until PHASE] [--json]
 
 run: runs a torch script with vramswap as torch's allocator and the whole script inside one
 offload scope. Settings come from the VRAMSWAP_* environment (see README, "Configuration").
