@@ -100,7 +100,7 @@ class DevicePool::Impl {
   Result record_stream(void* ptr, cudaStream_t stream);
   void* allocate_own_span(size_t size, cudaStream_t stream, std::string* error);
   Result unmap_block(void* ptr, bool* partly);
-  Result map_block(void* ptr, MapWait wait);
+  Result map_block(void* ptr, MapWait wait, cudaStream_t stream);
   Result deallocate_to_any(void* ptr, cudaStream_t stream);
   void set_reclaimer(Reclaimer r) {
     std::unique_lock lock(mu_);
@@ -678,7 +678,7 @@ Result DevicePool::Impl::unmap_block(void* ptr, bool* partly) {
   return {};
 }
 
-Result DevicePool::Impl::map_block(void* ptr, MapWait wait) {
+Result DevicePool::Impl::map_block(void* ptr, MapWait wait, cudaStream_t stream) {
   std::unique_lock lock(mu_);
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
   auto b = blocks_.find(addr);
@@ -688,10 +688,13 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait) {
   std::string why;
   // The pool's own measures, as for an allocation (no reclaim: the caller is the
   // reclaimer's owner), as far as `wait` allows.
-  constexpr Relief kSteps[] = {Relief::kUnusedGranules, Relief::kDrainPending, Relief::kSynchronize};
-  const size_t steps = wait == MapWait::kSynchronize ? 3 : wait == MapWait::kPendingFrees ? 2 : 1;
+  const Relief last = wait == MapWait::kStream ? Relief::kSynchronizeStream : Relief::kSynchronize;
+  const Relief kSteps[] = {Relief::kUnusedGranules, Relief::kDrainPending, last};
+  const size_t steps = wait == MapWait::kSynchronize || wait == MapWait::kStream ? 3
+                       : wait == MapWait::kPendingFrees                           ? 2
+                                                                                  : 1;
   for (size_t step = 0; step <= steps; ++step) {
-    if (step > 0 && !relieve(kSteps[step - 1], size, kAnyStream, lock)) continue;
+    if (step > 0 && !relieve(kSteps[step - 1], size, wait == MapWait::kStream ? stream : kAnyStream, lock)) continue;
     uint64_t lacking = 0;
     if (map_range(addr, size, &why, &lacking)) {
       blocks_.at(addr).unmapped = false;
@@ -952,7 +955,9 @@ void* DevicePool::allocate_own_span(size_t size, cudaStream_t stream, std::strin
   return impl_->allocate_own_span(size, stream, error);
 }
 Result DevicePool::unmap_block(void* ptr, bool* partly) { return impl_->unmap_block(ptr, partly); }
-Result DevicePool::map_block(void* ptr, MapWait wait) { return impl_->map_block(ptr, wait); }
+Result DevicePool::map_block(void* ptr, MapWait wait, cudaStream_t stream) {
+  return impl_->map_block(ptr, wait, stream);
+}
 Result DevicePool::deallocate_to_any(void* ptr, cudaStream_t stream) { return impl_->deallocate_to_any(ptr, stream); }
 void DevicePool::set_reclaimer(Reclaimer reclaimer) { impl_->set_reclaimer(std::move(reclaimer)); }
 uint64_t DevicePool::granularity() const { return impl_->granularity(); }

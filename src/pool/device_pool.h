@@ -132,14 +132,17 @@ class DevicePool {
   Result unmap_block(void* ptr, bool* partly = nullptr);
 
   // How long map_block() may wait for memory: not at all (pages free now, or cached
-  // granules no block uses), for the events of pending frees, or also for a device
+  // granules no block uses), for the events of pending frees, for those and a
+  // synchronization of the caller's `stream` (kStream), or also for a device
   // synchronization.
-  enum class MapWait { kNone, kPendingFrees, kSynchronize };
+  // kStream: also synchronize `stream` (a live stream of the caller's) so that the blocks it
+  // freed become usable (their granules unmapped), without waiting for other streams.
+  enum class MapWait { kNone, kPendingFrees, kStream, kSynchronize };
 
   // Maps pages (spare first) under a live own-span block that unmap_block() emptied.
   // Refused, with nothing mapped, when the limit or the device does not allow it even
   // after the pool's own measures that `wait` allows. Thread-safe.
-  Result map_block(void* ptr, MapWait wait);
+  Result map_block(void* ptr, MapWait wait, cudaStream_t stream = any_stream());
 
   // Frees a block for the freeing stream at once (as deallocate() does) and for any stream
   // once an event recorded now on `stream` completes: for large blocks whose memory is

@@ -181,7 +181,7 @@ class Engine::Impl {
   // kHint (vramswap_prefetch): memory free now or behind pending frees' events; nothing is
   // given up or evicted for it.
   // kKept: the pages are still mapped (Slot::pages_kept).
-  enum class Fetch { kNeeded, kPrefetch, kAhead, kHint, kKept };
+  enum class Fetch { kNeeded, kPrefetch, kAhead, kHint, kPlanned, kKept };
   // Maps the block's pages again and starts the H2D copy.
   Status start_fetch(uint32_t slot, Fetch kind);
   // With no fetch in flight: the next evicted block past the window, if memory below the
@@ -232,7 +232,8 @@ class Engine::Impl {
   // and unpack: the times the plan needs are when blocks go cold and when backward reaches
   // them; the other points take the time of the point before). Null: untimed.
   void note_point(policy::PointKind kind, uint32_t block, uint64_t bytes, cudaStream_t timed_on = nullptr);
-  void follow_fetches(uint32_t point);
+  void follow_fetches(uint32_t point, cudaStream_t stream);
+  cudaStream_t plan_stream_ = nullptr;  // follow_fetches' caller's stream, for Fetch::kPlanned
   void end_step_if_done();
   void untrack(Slot& s, uint32_t slot);
   void drop_deferred(bool wait);
@@ -735,6 +736,9 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind) {
     case Fetch::kHint:
       mapped = pool_.map_block(addr, MapWait::kPendingFrees);
       break;
+    case Fetch::kPlanned:  // the plan says the memory is there: the caller's stream's cache too
+      mapped = pool_.map_block(addr, MapWait::kStream, plan_stream_);
+      break;
     case Fetch::kPrefetch:
       // Never synchronizes the device: memory free at once or freed behind an event (a tagged
       // block freed by backward), waiting for that event; else clean blocks needed later.
@@ -986,7 +990,7 @@ void Engine::Impl::note_point(policy::PointKind kind, uint32_t block, uint64_t b
       stats::log(stats::LogLevel::kDebug, "device %d: timing a point failed: %s", device_, e.what());
     }
   }
-  if (recorder_.following()) follow_fetches(p);
+  if (recorder_.following()) follow_fetches(p, timed_on);
 }
 
 void Engine::Impl::plan_next_step() {
@@ -1034,9 +1038,11 @@ void Engine::Impl::plan_next_step() {
 // into memory free now or behind pending frees' events, never by giving anything up (the
 // plan says memory is there; when it is not, a later point, the prefetch window or the
 // unpack brings the block back). Failures are logged: the call that made the point stands.
-void Engine::Impl::follow_fetches(uint32_t p) {
+void Engine::Impl::follow_fetches(uint32_t p, cudaStream_t stream) {
+  const size_t fresh = due_fetches_.size();
   for (uint32_t b : recorder_.fetches_after(p)) due_fetches_.push_back(b);
   if (due_fetches_.empty()) return;
+  plan_stream_ = stream;
   try {
     size_t kept = 0;
     for (size_t i = 0; i < due_fetches_.size(); ++i) {
@@ -1044,7 +1050,10 @@ void Engine::Impl::follow_fetches(uint32_t p) {
       const uint32_t slot = b < step_slots_.size() ? step_slots_[b] : UINT32_MAX;
       if (slot >= slots_.size() || !slots_[slot].live || slots_[slot].step_block != b) continue;  // gone
       if (slots_[slot].residency != Residency::kEvicted) continue;  // on the device, or coming
-      if (start_fetch(slot, Fetch::kHint).ok) {
+      // At its own point, the plan's fetch may also wait for the caller's stream, so that the
+      // blocks it freed (the memory the plan counts on) can be unmapped; a retry does not.
+      const bool own_point = i >= fresh && stream && stream != pool::any_stream();
+      if (start_fetch(slot, own_point ? Fetch::kPlanned : Fetch::kHint).ok) {
         ++st_.num_prefetches;
       } else {
         due_fetches_[kept++] = b;

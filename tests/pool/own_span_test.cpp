@@ -102,6 +102,35 @@ TEST_F(OwnSpan, SparePagesServeANewAllocationWithinTheLimit) {
   EXPECT_TRUE(pool().deallocate(a, nullptr).ok);
 }
 
+// A fetch planned from the step before counts on memory the program's stream freed: blocks
+// cached under that stream's tag, whose granules can be unmapped only once the stream has
+// synchronized. MapWait::kStream synchronizes that stream (and no other) for it.
+TEST_F(OwnSpan, MappingWithTheCallersStreamRetiresThatStreamsCachedBlocks) {
+  const size_t g = granularity();
+  make_pool(4 * g);
+  void* a = own(2 * g);
+  ASSERT_NE(nullptr, a);
+  ASSERT_TRUE(pool().unmap_block(a).ok);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::string error;
+  void* blocks[4] = {};
+  for (void*& b : blocks) {
+    b = pool().allocate(g, s, &error);
+    ASSERT_NE(nullptr, b) << error;
+  }
+  EXPECT_TRUE(pool().deallocate(blocks[0], s).ok);
+  EXPECT_TRUE(pool().deallocate(blocks[2], s).ok);  // two granules cached under s, apart
+  EXPECT_FALSE(pool().map_block(a, DevicePool::MapWait::kPendingFrees).ok) << "s's cached blocks are still s's";
+  EXPECT_TRUE(pool().map_block(a, DevicePool::MapWait::kStream, s).ok) << "synchronizing s frees their granules";
+  EXPECT_LE(pool().stats().reserved_bytes, 4 * g);
+  EXPECT_TRUE(pool().deallocate(blocks[1], s).ok);
+  EXPECT_TRUE(pool().deallocate(blocks[3], s).ok);
+  EXPECT_TRUE(pool().deallocate(a, nullptr).ok);
+  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+  EXPECT_EQ(cudaSuccess, cudaStreamDestroy(s));
+}
+
 TEST_F(OwnSpan, FreeingAnUnmappedBlockLeavesUsableMemory) {
   const size_t g = granularity();
   make_pool(2 * g);
