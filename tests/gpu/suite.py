@@ -99,7 +99,9 @@ SIZES = {
 # Offload limits, in % of the vramswap mode's peak reserved bytes.
 DEFAULT_PERCENTS = {"gpu": "80,60", "cpu_sim": "80,60"}
 VRAMSWAP_COUNTERS = ("num_evictions", "num_prefetches", "num_faults", "num_late_prefetches", "num_clean_reuses",
-                     "bytes_evicted_total", "bytes_prefetched_total", "num_ooms")
+                     "bytes_evicted_total", "bytes_prefetched_total", "num_ooms",
+                     # planned eviction (VRAMSWAP_PLAN): the timed steps repeat the warm-up's
+                     "num_planned_steps", "num_plan_divergences", "num_plan_backoffs", "planned_bytes_d2h")
 PASSED_ENV = ("VRAMSWAP_LIBRARY", "VRAMSWAP_CUDASIM_DIR", "VRAMSWAP_CACHE_DIR",
               "VRAMSWAP_TORCH_EXT", "VRAMSWAP_TORCH_EXT_CUDA", "VRAMSWAP_LOG")
 DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")  # the two settings cuBLAS documents as deterministic
