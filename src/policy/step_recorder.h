@@ -50,7 +50,7 @@ class StepRecorder {
  public:
   // `enabled` false: nothing is recorded and no plan is ever followed (VRAMSWAP_PLAN=off).
   // Steps longer than `max_points` are not recorded (their plan would cost too much memory).
-  explicit StepRecorder(bool enabled, uint64_t limit_bytes, size_t max_points = size_t(1) << 22)
+  explicit StepRecorder(bool enabled, uint64_t limit_bytes, size_t max_points = size_t(1) << 18)
       : enabled_(enabled), limit_(limit_bytes), max_points_(max_points) {}
 
   bool enabled() const { return enabled_; }

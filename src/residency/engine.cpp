@@ -272,6 +272,9 @@ class Engine::Impl {
   };
   std::vector<TimedCopy> timed_copies_;
   static constexpr size_t kTimedCopies = 16;  // per step
+  // Timed points per step: past them, points take the time of the last timed one (a step of
+  // a quarter million engine calls would otherwise hold as many CUDA events).
+  static constexpr size_t kTimedPoints = size_t(1) << 15;
   double bytes_per_ns_ = 0;  // the D2H rate measured last; 0: none measured yet
   uint64_t unmapped_total_ = 0;  // device bytes freed by completed evictions, ever (reclaim's measure)
 
@@ -980,7 +983,7 @@ void Engine::Impl::note_point(policy::PointKind kind, uint32_t block, uint64_t b
                "block %u, %llu bytes): the watermarks decide for the rest of it", device_, p, int(kind), block,
                static_cast<unsigned long long>(bytes));
   if (p == policy::kNoPoint) return;
-  if (timed_on && timed_on != pool::any_stream()) {
+  if (timed_on && timed_on != pool::any_stream() && point_events_.size() < kTimedPoints) {
     // The point's time on the device. Best effort: a plan without times still works.
     try {
       cuda::Event e = timed_.acquire();
