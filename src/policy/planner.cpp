@@ -15,7 +15,6 @@ class CopyQueue {
   CopyQueue(const RecordedStep& step, double bytes_per_ns)
       : step_(step), timed_(bytes_per_ns > 0 && step.time_ns.size() == step.demand.size()), rate_(bytes_per_ns) {}
 
-  bool timed() const { return timed_; }
   uint64_t time(uint32_t point) const { return timed_ ? step_.time_ns[point] : 0; }
 
   // When `b`'s copy would land if it joined the queue (the others unchanged).

@@ -5,7 +5,7 @@
 // Note [Planned eviction]
 // -----------------------
 // A training loop runs the same step again and again. The engine records one (see
-// residency/engine.cpp, Note [Recording and following a step]) as a sequence of *points*:
+// step_recorder.h, Note [Recording and following a step]) as a sequence of *points*:
 // the engine calls of the step (tagged allocations, packs, mark_colds, unpacks, releases),
 // numbered from 0. At each point it notes the *demand*: the most device memory the pool had
 // allocated at any moment since the point before (live blocks as rounded, tagged blocks as

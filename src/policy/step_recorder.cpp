@@ -10,11 +10,10 @@ void StepRecorder::begin_step() {
   if (plan_pending_) plan_next({}, 0);
   active_ = true;
   overflow_ = false;
-  points_.clear();
   step_ = RecordedStep();
+  shape_.clear();
   waited_.clear();
-  shape_ = 0;
-  following_ = !recorded_.empty() && skip_ == 0;
+  following_ = recorded_points_ > 0 && skip_ == 0;
   if (skip_ > 0) --skip_;
 }
 
@@ -32,18 +31,18 @@ void StepRecorder::diverge() {
 
 uint32_t StepRecorder::point(PointKind kind, uint32_t block, uint64_t bytes, uint64_t demand) {
   if (!active_ || overflow_) return kNoPoint;
-  if (points_.size() >= max_points_) {
+  if (step_.demand.size() >= max_points_) {
     overflow_ = true;  // too long to plan: this step goes unrecorded, and unplanned
     diverge();
     return kNoPoint;
   }
-  const uint32_t p = uint32_t(points_.size());
-  const Point here{kind, block, bytes};
+  const uint32_t p = uint32_t(step_.demand.size());
   if (kind == PointKind::kAlloc || kind == PointKind::kPack) {
-    if (following_ && (shape_ >= recorded_shape_.size() || !(recorded_shape_[shape_] == here))) diverge();
-    ++shape_;
+    const Point here{kind, block, bytes};
+    const size_t k = shape_.size();
+    if (following_ && (k >= recorded_shape_.size() || !(recorded_shape_[k] == here))) diverge();
+    shape_.push_back(here);
   }
-  points_.push_back(here);
   step_.demand.push_back(std::max(demand, pressure_));
   pressure_ = 0;
   if (block < step_.blocks.size()) {
@@ -60,8 +59,8 @@ const std::vector<uint32_t>& StepRecorder::fetches_after(uint32_t p) const {
 }
 
 void StepRecorder::waited(uint64_t bytes) {
-  if (!following_ || points_.empty()) return;
-  const size_t p = points_.size() - 1;
+  if (!following_ || step_.demand.empty()) return;
+  const size_t p = step_.demand.size() - 1;
   if (waited_.size() <= p) waited_.resize(p + 1, 0);
   waited_[p] += bytes;
 }
@@ -72,13 +71,13 @@ void StepRecorder::end_step() {
   if (overflow_) {
     following_ = false;
     plan_pending_ = false;
-    recorded_.clear();
+    recorded_points_ = 0;
     recorded_shape_.clear();
     plan_ = Plan();
     fetches_.clear();
     return;
   }
-  ended_planned_ = following_ && shape_ == recorded_shape_.size();
+  ended_planned_ = following_ && shape_.size() == recorded_shape_.size();
   if (ended_planned_) {
     ++planned_steps_;
     // Feedback: what the allocations still waited for is added where they waited.
@@ -89,11 +88,9 @@ void StepRecorder::end_step() {
     extra_.clear();
   }
   following_ = false;
-  recorded_ = std::move(points_);
-  points_.clear();
-  recorded_shape_.clear();
-  for (const Point& q : recorded_)
-    if (q.kind == PointKind::kAlloc || q.kind == PointKind::kPack) recorded_shape_.push_back(q);
+  recorded_points_ = step_.demand.size();
+  recorded_shape_ = std::move(shape_);
+  shape_.clear();
   plan_pending_ = true;
 }
 
@@ -116,7 +113,7 @@ void StepRecorder::plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns)
   }
   step_.time_ns = std::move(time_ns);
   plan_ = make_plan(step_, PlanOptions{limit_, 0, extra_, bytes_per_ns});
-  fetches_.assign(recorded_.size(), {});
+  fetches_.assign(recorded_points_, {});
   std::vector<uint32_t> victims;
   for (uint32_t b = 0; b < plan_.fetch_at.size(); ++b)
     if (plan_.evict[b]) victims.push_back(b);
@@ -126,7 +123,7 @@ void StepRecorder::plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns)
 }
 
 std::string StepRecorder::describe() const {
-  return std::to_string(recorded_.size()) + " points, " + std::to_string(plan_.num_victims) + " victims (" +
+  return std::to_string(recorded_points_) + " points, " + std::to_string(plan_.num_victims) + " victims (" +
          std::to_string(plan_.planned_bytes) + " bytes) for " + std::to_string(plan_.must_leave_bytes) +
          " bytes that must be out at the worst point" +
          (plan_.shortfall_bytes ? ", " + std::to_string(plan_.shortfall_bytes) + " bytes not coverable" : "");

@@ -8,9 +8,9 @@
 // begins: gradient accumulation's several forwards before their backwards are one step, and
 // a forward that releases every block it saved so far before saving more (it happens) is
 // not cut in two. A step that follows the plan ends as soon as it has made every recorded
-// point (the engine checks complete() when the last tracked block goes). Every step is recorded: each engine call of it is a point (its
-// kind, the block's ordinal in the step's pack order, its placed size) with the pool's
-// demand since the point before. An allocation that had to ask the engine for memory
+// point (the engine checks complete() when the last tracked block goes). Every step is
+// recorded: each engine call of it is a point (its kind, the block's ordinal in the step's
+// pack order, its placed size) with the pool's demand since the point before. An allocation that had to ask the engine for memory
 // (pressure()) says what the pool really needed then, its overhead included: the next
 // point's demand is at least that. The plan for the next step is made from the step that
 // ended (make_plan, at the pool's limit), with the device's times of the points and the
@@ -22,9 +22,9 @@
 // under the reactive policy, and is recorded afresh for the step after it. The other points
 // (cold marks, unpacks, releases) are not compared: the tracker finds blocks cold when its
 // hooks run, and several found at once may come in another order from one step to the next,
-// which moves a fetch by a point or two and changes nothing else. A step that ended following the
-// plan counts as planned; the bytes its allocations still had to wait for at a point
-// (waited()) are added to that point's demand in the next plan (feedback).
+// which moves a fetch by a point or two and changes nothing else. A step that ended
+// following the plan counts as planned; the bytes its allocations still had to wait for at
+// a point (waited()) are added to that point's demand in the next plan (feedback).
 //
 // A plan must earn its place: when the points' times are known, two planned steps in a
 // row (the second with the first's feedback) that took longer (first point to last) than
@@ -65,7 +65,7 @@ class StepRecorder {
   void end_step();
   // Following the plan, every recorded point has been made: the step is the recorded one.
   bool complete() const {
-    return following_ && shape_ == recorded_shape_.size() && points_.size() >= recorded_.size();
+    return following_ && shape_.size() == recorded_shape_.size() && step_.demand.size() >= recorded_points_;
   }
   // A step ended whose plan is not made yet.
   bool plan_pending() const { return plan_pending_; }
@@ -103,7 +103,7 @@ class StepRecorder {
   uint64_t num_backoffs() const { return backoffs_; }
   uint64_t num_divergences() const { return divergences_; }
   // The points of the step that ended last (the recording the plan is made from).
-  size_t recorded_points() const { return recorded_.size(); }
+  size_t recorded_points() const { return recorded_points_; }
   // The plan being followed (or to be followed by the next step).
   const Plan& plan() const { return plan_; }
   // One line on the plan for the log.
@@ -126,14 +126,14 @@ class StepRecorder {
   bool overflow_ = false;         // the current step passed max_points_: not recorded
   bool plan_pending_ = false;
   uint64_t pressure_ = 0;
-  // The step being recorded now.
-  std::vector<Point> points_;
+  // The step being recorded now (one demand per point) and its tagged allocations and packs.
   RecordedStep step_;
+  std::vector<Point> shape_;
   std::vector<uint64_t> waited_;  // per point of the current step
-  // The recording the plan was made from, its plan, and the fetches by point.
-  std::vector<Point> recorded_;
-  std::vector<Point> recorded_shape_;  // its tagged allocations and packs: the signature
-  size_t shape_ = 0;                   // how many of them the current step has made
+  // The recording the plan was made from (its points; its tagged allocations and packs: the
+  // signature), its plan, and the fetches by point.
+  size_t recorded_points_ = 0;
+  std::vector<Point> recorded_shape_;
   std::vector<uint64_t> extra_;   // feedback carried into the plan
   Plan plan_;
   std::vector<std::vector<uint32_t>> fetches_;

@@ -178,12 +178,15 @@ class Engine::Impl {
   // memory is short. kPrefetch (the window): memory free now or behind pending frees'
   // events, else clean blocks needed later; it starts evictions for next time but never
   // waits for them. kAhead (past the window): memory free now only; nothing is given up.
-  // kHint (vramswap_prefetch): memory free now or behind pending frees' events; nothing is
-  // given up or evicted for it.
+  // kHint (vramswap_prefetch, and a planned fetch retried): memory free now or behind pending
+  // frees' events; nothing is given up or evicted for it. kPlanned (a planned fetch at its
+  // own point): as kHint, and the caller's stream may be synchronized so that the blocks it
+  // freed become usable.
   // kKept: the pages are still mapped (Slot::pages_kept).
   enum class Fetch { kNeeded, kPrefetch, kAhead, kHint, kPlanned, kKept };
-  // Maps the block's pages again and starts the H2D copy.
-  Status start_fetch(uint32_t slot, Fetch kind);
+  // Maps the block's pages again and starts the H2D copy. `stream` (kPlanned only): the
+  // caller's stream, which the pool may synchronize for the memory.
+  Status start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream = nullptr);
   // With no fetch in flight: the next evicted block past the window, if memory below the
   // soft limit is free for it now (nothing is given up or waited for). See Note [Fetch ahead].
   void fetch_ahead();
@@ -233,7 +236,9 @@ class Engine::Impl {
   // them; the other points take the time of the point before). Null: untimed.
   void note_point(policy::PointKind kind, uint32_t block, uint64_t bytes, cudaStream_t timed_on = nullptr);
   void follow_fetches(uint32_t point, cudaStream_t stream);
-  cudaStream_t plan_stream_ = nullptr;  // follow_fetches' caller's stream, for Fetch::kPlanned
+  // Ends the step being recorded (end_step_if_done: once the plan's step is complete and
+  // nothing is tracked).
+  void end_step();
   void end_step_if_done();
   void untrack(Slot& s, uint32_t slot);
   void drop_deferred(bool wait);
@@ -503,13 +508,12 @@ Status Engine::Impl::mark_cold(uint64_t handle, cudaStream_t stream) {
   s->cold = true;
   s->cold_stream = stream;
   s->unpacked = false;
-  const uint32_t slot = slot_of(handle);
   note_point(policy::PointKind::kCold, s->step_block, 0, stream);
-  if (recorder_.planned_victim(slots_[slot].step_block) && slots_[slot].residency == Residency::kResident) {
+  if (recorder_.planned_victim(s->step_block) && s->residency == Residency::kResident) {
     // The plan's victim: its copy starts now, while the copy engine is idle; its pages stay
     // mapped (clean) until an allocation needs them.
     try {
-      if (start_eviction(slot)) slots_[slot].planned = true;
+      if (start_eviction(slot_of(handle))) s->planned = true;
     } catch (const std::exception& e) {
       stats::log(stats::LogLevel::kWarn, "planned eviction after mark_cold on device %d failed: %s (the block "
                  "stays on the device)", device_, e.what());
@@ -608,11 +612,10 @@ Status Engine::Impl::release(uint64_t handle) {
   if (!s) return {false, error};
   const uint32_t slot = slot_of(handle);
   note_point(policy::PointKind::kRelease, s->step_block, 0);
-  if (slots_[slot].packs > 1) {
-    --slots_[slot].packs;
+  if (s->packs > 1) {
+    --s->packs;
     return {};
   }
-  s = &slots_[slot];
   // It becomes an ordinary block again: resident. Released without an unpack (backward did
   // not need it) it may be on the host: bring it back first, waiting, so that nothing is
   // lost; if that is refused the block stays packed and the handle valid.
@@ -723,7 +726,7 @@ void Engine::Impl::fetch_ahead() {
   });
 }
 
-Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind) {
+Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream) {
   Slot& s = slots_[slot];
   using MapWait = pool::DevicePool::MapWait;
   void* const addr = reinterpret_cast<void*>(s.addr);
@@ -740,7 +743,7 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind) {
       mapped = pool_.map_block(addr, MapWait::kPendingFrees);
       break;
     case Fetch::kPlanned:  // the plan says the memory is there: the caller's stream's cache too
-      mapped = pool_.map_block(addr, MapWait::kStream, plan_stream_);
+      mapped = pool_.map_block(addr, MapWait::kStream, stream);
       break;
     case Fetch::kPrefetch:
       // Never synchronizes the device: memory free at once or freed behind an event (a tagged
@@ -966,10 +969,14 @@ uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t
 
 void Engine::Impl::begin_step() {
   if (!recorder_.enabled()) return;
-  if (recorder_.active()) recorder_.end_step();  // the step before ends where this one begins
+  if (recorder_.active()) end_step();  // the step before ends where this one begins
   plan_next_step();
   pool_.take_allocated_high();  // the demand is counted from here
   recorder_.begin_step();
+}
+
+void Engine::Impl::end_step() {
+  recorder_.end_step();
   step_slots_.clear();
   due_fetches_.clear();
 }
@@ -1045,7 +1052,6 @@ void Engine::Impl::follow_fetches(uint32_t p, cudaStream_t stream) {
   const size_t fresh = due_fetches_.size();
   for (uint32_t b : recorder_.fetches_after(p)) due_fetches_.push_back(b);
   if (due_fetches_.empty()) return;
-  plan_stream_ = stream;
   try {
     size_t kept = 0;
     for (size_t i = 0; i < due_fetches_.size(); ++i) {
@@ -1056,7 +1062,7 @@ void Engine::Impl::follow_fetches(uint32_t p, cudaStream_t stream) {
       // At its own point, the plan's fetch may also wait for the caller's stream, so that the
       // blocks it freed (the memory the plan counts on) can be unmapped; a retry does not.
       const bool own_point = i >= fresh && stream && stream != pool::any_stream();
-      if (start_fetch(slot, own_point ? Fetch::kPlanned : Fetch::kHint).ok) {
+      if (start_fetch(slot, own_point ? Fetch::kPlanned : Fetch::kHint, stream).ok) {
         ++st_.num_prefetches;
       } else {
         due_fetches_[kept++] = b;
@@ -1071,11 +1077,7 @@ void Engine::Impl::follow_fetches(uint32_t p, cudaStream_t stream) {
 
 void Engine::Impl::end_step_if_done() {
   // A step that is not known to be complete ends when the next one begins (begin_step).
-  if (!recorder_.active() || st_.num_tracked_blocks != 0 || !recorder_.complete()) return;
-  recorder_.end_step();
-  step_slots_.clear();
-  due_fetches_.clear();
-
+  if (recorder_.active() && st_.num_tracked_blocks == 0 && recorder_.complete()) end_step();
 }
 
 void Engine::Impl::maybe_soft_evict() {

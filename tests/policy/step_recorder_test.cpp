@@ -108,7 +108,7 @@ TEST(StepRecorder, ADifferentStepDivergesAndIsRecordedForTheNext) {
   rest.at(K::kUnpack, 0, 0, 6);
   rest.at(K::kRelease, 0, 0, 4);
   r.end_step();
-    r.plan_next({}, 0);
+  r.plan_next({}, 0);
   d.step(3, 6);  // the new shape repeats: followed
   EXPECT_EQ(1u, r.num_planned_steps());
   EXPECT_EQ(1u, r.num_divergences());
@@ -150,7 +150,7 @@ TEST(StepRecorder, WaitsAreCoveredByTheNextPlan) {
   f.at(K::kUnpack, 0, 0, 6);
   f.at(K::kRelease, 0, 0, 4);
   r.end_step();
-    r.plan_next({}, 0);
+  r.plan_next({}, 0);
   EXPECT_EQ(1u, r.num_planned_steps());
   EXPECT_EQ(2u, r.plan().must_leave_bytes) << "the wait is added at the junction";
   EXPECT_EQ(1u, r.plan().num_victims);
