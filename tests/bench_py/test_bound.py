@@ -20,13 +20,7 @@ MS = 1_000_000      # ns
 MB = 1_000_000      # bytes: 1 ms of copy at 1 GB/s
 RATE = 1.0          # GB/s = bytes per ns
 
-failures = []
-
-
-def check(name, ok, detail=""):
-    print(("ok - " if ok else "FAIL - ") + name + ("" if ok else f": {detail}"), flush=True)
-    if not ok:
-        failures.append(name)
+from checks import check, finish  # noqa: E402
 
 
 def saved(w, tid, nbytes):
@@ -353,5 +347,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    print(f"FAILED: {len(failures)} check(s): {', '.join(failures)}" if failures else "PASSED")
-    sys.exit(1 if failures else 0)
+    finish()

@@ -50,17 +50,7 @@ GPT_SHAPE = dict(layers=12, hidden=768, heads=12, seq=1024, batch=8, vocab=10000
 CARD = 80 << 30
 PCIE = 55.0
 
-failures = []
-
-
-def check(name, ok, detail=""):
-    print(("ok - " if ok else "FAIL - ") + name + ("" if ok else f": {detail}"), flush=True)
-    if not ok:
-        failures.append(name)
-
-
-def skip(name, why):
-    print(f"skip - {name}: {why}", flush=True)
+from checks import check, finish, skip  # noqa: E402
 
 
 def numbers(r):
@@ -240,5 +230,4 @@ if __name__ == "__main__":
         main()
     except runner.RunError as e:
         check("the runs complete", False, str(e))
-    print(f"FAILED: {len(failures)} check(s): {', '.join(failures)}" if failures else "PASSED")
-    sys.exit(1 if failures else 0)
+    finish()

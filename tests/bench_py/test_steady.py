@@ -42,17 +42,7 @@ CARD = 8 << 30
 PCIE = 55.0
 WEDSONLIN = "Wedsonlin_cs336medium_b4_s128_bf16ac_trainstep.pickle"  # has an optimizer phase
 
-failures = []
-
-
-def check(name, ok, detail=""):
-    print(("ok - " if ok else "FAIL - ") + name + ("" if ok else f": {detail}"), flush=True)
-    if not ok:
-        failures.append(name)
-
-
-def skip(name, why):
-    print(f"skip - {name}: {why}", flush=True)
+from checks import check, finish, skip  # noqa: E402
 
 
 def cli(*args):
@@ -248,5 +238,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    print(f"FAILED: {len(failures)} check(s): {', '.join(failures)}" if failures else "PASSED")
-    sys.exit(1 if failures else 0)
+    finish()
