@@ -106,8 +106,9 @@ constexpr KeySpec kKeys[] = {
         "VRAMSWAP_PLAN", "auto", "auto|off",
         "auto: each training step is recorded, and from the first step that repeats the one before, its "
         "plan is followed: the blocks that must leave are copied out as soon as they are cold and fetched "
-        "back as early as memory allows (a different step, or a shortfall, falls back to the watermarks); "
-        "off: only the watermarks and the prefetch window decide."),
+        "back as early as memory allows (a step that differs runs under the watermarks; an allocation the "
+        "plan left short evicts and waits as it would without one); off: only the watermarks and the "
+        "prefetch window decide."),
     key<KeyType::kBool, &Config::verify>(
         "VRAMSWAP_VERIFY", "0", "",
         "Checksum each block when it is evicted and check it when it is restored; a mismatch is an error "
