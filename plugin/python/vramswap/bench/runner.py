@@ -353,7 +353,8 @@ def add_bound(result, workload, cache=None):
     cache = {} if cache is None else cache
     limit = result.get("limit_bytes") or result["card_bytes"]
     pcie, duplex = result["pcie_gbps"], result.get("duplex", "full")
-    start = step_start(workload.ops)[0] if result.get("warmup_steps") else 0
+    step, why = step_start(workload.ops)
+    start = step if result.get("warmup_steps") else 0
     b = _bound(workload, cache, limit, pcie, duplex, start or 0)
     ok = result.get("status") == "ok"
     result.update({
@@ -371,7 +372,6 @@ def add_bound(result, workload, cache=None):
         first["bound_ns"] = fb.bound_ns
         first["step/bound"] = _ratio(first.get("step_time_ns"), fb.bound_ns) if first.get("status") == "ok" else None
     if result.get("warmup", 0) and not result.get("warmup_steps"):
-        why = step_start(workload.ops)[1]
         what = "snapshot" if (workload.meta or {}).get("snapshot") or (workload.meta or {}).get("carried_in") \
             else "workload"
         result["warmup_note"] = f"first step only: the {what} cannot be repeated as a step, because {why}"
