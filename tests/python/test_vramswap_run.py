@@ -7,11 +7,21 @@ losses and sha256s of the gradients and parameters to the file named on its comm
   ref      plainly: python3 train_transformer.py OUT
   peak     python3 -m vramswap run --no-offload -- ...: vramswap's allocator (CPU-emulation
            mode), no offload, no limit; VRAMSWAP_STATS_FILE gives the run's peak reserve
-  offload  python3 -m vramswap run -- python3 ...: offload for the whole script, with
+  offload  python3 -m vramswap run -- python3 ...: its forwards offloaded, with
            VRAMSWAP_LIMIT at LIMIT_PERCENT of that peak
 and checks that the offloaded run's results file is byte-identical to the plain run's, that
 its stdout is the script's own and its stderr empty, and that its stats file shows
 evictions, prefetches (or faults) and a peak within the limit.
+
+Then, with --vocab 4096 (the embedding, the head's weight, their gradients and AdamW's
+states are 1 MiB each, large enough to be tagged; the activations are whole 2 MiB pages):
+  wide-peak     python3 -m vramswap run --no-offload -- ... --vocab 4096
+  wide          python3 -m vramswap run -- ... --vocab 4096, no limit
+and checks that offload costs no memory: the peaks (allocated and resident) of `wide` are
+within 1% of `wide-peak`'s (`run` tags only what forwards allocate, Note [Tag only what
+backward saves] in tracker.py; a scope open for the whole script tagged the parameters,
+gradients and optimizer state too, each paying its rounding to whole pages), with the same
+results.
 
 Usage: python3 tests/python/test_vramswap_run.py   (exit status 0: every check held)
 Paths: VRAMSWAP_LIBRARY, VRAMSWAP_CUDASIM_DIR (as test_cpu_emulation.py).
@@ -67,9 +77,17 @@ def main():
         off = run([py, "-m", "vramswap", "run", "--", "python3", str(SCRIPT), out("off.json")],
                   {"VRAMSWAP_LIMIT": str(limit), "VRAMSWAP_HORIZON": "2",
                    "VRAMSWAP_STATS_FILE": out("off.stats")}, tmp)
-        files = {n: Path(out(n + ".json")).read_text() for n in ("ref", "peak", "off")}
+        run([py, "-m", "vramswap", "run", "--no-offload", "--", "python3", str(SCRIPT), out("wide-peak.json"),
+             "--vocab", "4096"], {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out("wide-peak.stats")}, tmp)
+        run([py, "-m", "vramswap", "run", "--", "python3", str(SCRIPT), out("wide.json"), "--vocab", "4096"],
+            {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out("wide.stats")}, tmp)
+        files = {n: Path(out(n + ".json")).read_text() for n in ("ref", "peak", "off", "wide-peak", "wide")}
         with open(out("off.stats")) as f:
             s = json.load(f)
+        wide = {}
+        for n in ("wide-peak", "wide"):
+            with open(out(n + ".stats")) as f:
+                wide[n] = json.load(f)
 
     r = json.loads(files["ref"])
     print(f"     peak_reserved without offload {peak / MIB:.1f} MiB, limit {limit / MIB:.0f} MiB, "
@@ -87,6 +105,11 @@ def main():
           f"vramswap run: evicted blocks came back (prefetches {s['num_prefetches']}, faults {s['num_faults']})")
     check(s["peak_reserved_bytes"] <= limit, "vramswap run: peak reserved within the limit")
     check(s["num_ooms"] == 0, "vramswap run: no out-of-memory")
+    check(files["wide"] == files["wide-peak"], "vramswap run, no limit, --vocab 4096: results identical to --no-offload's")
+    for key in ("peak_allocated_bytes", "peak_resident_bytes"):
+        a, b = wide["wide"][key], wide["wide-peak"][key]
+        check(a <= b * 1.01, f"vramswap run, no limit, --vocab 4096: {key} {a / MIB:.1f} MiB, within 1% of "
+                             f"--no-offload's {b / MIB:.1f} MiB")
     print("PASS" if not failures else f"{len(failures)} check(s) failed")
     return 0 if not failures else 1
 

@@ -8,7 +8,7 @@ What exists so far (see DESIGN.md, "Who uses it and how"):
   vramswap.offload()                  the autograd tracker (saved-tensor hooks)
   vramswap.memory_stats()             vramswap_stats_json as a dict, plus torch's key names
   vramswap.reset_peak_stats(), vramswap.empty_cache()
-  python3 -m vramswap run -- script.py  an unmodified script under a process-wide offload (__main__.py)
+  python3 -m vramswap run -- script.py  an unmodified script, its forwards offloaded (__main__.py)
 Setting VRAMSWAP_TORCH_DEVICE=cpu-sim makes `import vramswap` install the CPU-emulation
 mode at once (with the VRAMSWAP_* environment). Like the LD_PRELOAD library, which stops a
 program before main, the import then stops the program with exit status 2 when a VRAMSWAP_*

@@ -20,8 +20,10 @@ Runs an unmodified torch script under vramswap:
      expected ..."; an unknown VRAMSWAP_* variable is only warned about, as there). An
      install that is refused for another reason stops the run with vramswap's message and
      exit status 2 too;
-  2. opens one offload scope (vramswap.offload()) on the main thread for the whole script, so
-     that the tensors every forward saves for backward may be evicted (--no-offload: only the
+  2. opens an offload scope around every outermost module forward that autograd records
+     (tracker.offload_forwards(): torch's global module forward hooks), so that the tensors
+     every forward saves for backward may be evicted, while parameters, gradients and
+     optimizer state, made outside any forward, stay untagged (--no-offload: only the
      allocator, e.g. to measure a script's peak without offload);
   3. runs the script with runpy as __main__, with sys.argv = [script, args...] and the
      script's directory first on sys.path, as `python3 script.py args...` would. `-m module`
@@ -45,8 +47,8 @@ USAGE = """usage: python3 -m vramswap run [--no-offload] [--] [python] (script.p
        python3 -m vramswap replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS]
                                  [--warmup N] [--policy none|offload_all|vramswap] [--until PHASE] [--json]
 
-run: runs a torch script with vramswap as torch's allocator and the whole script inside one
-offload scope. Settings come from the VRAMSWAP_* environment (see README, "Configuration").
+run: runs a torch script with vramswap as torch's allocator and an offload scope around every
+module forward that autograd records. Settings come from the VRAMSWAP_* environment (see README, "Configuration").
 With a CUDA device, vramswap becomes torch's CUDA allocator (vramswap.install());
 VRAMSWAP_TORCH_DEVICE=cpu-sim (or no CUDA device) selects the CPU-emulation mode.
 
@@ -128,7 +130,8 @@ def run(argv):
     else:
         sys.argv = [target] + args  # runpy replaces argv[0] with the module's file
         sys.path[0] = os.getcwd()
-    with (vramswap.offload() if offload else contextlib.nullcontext()):
+    from . import tracker
+    with (tracker.offload_forwards() if offload else contextlib.nullcontext()):
         if kind == "path":
             runpy.run_path(target, run_name="__main__")
         else:

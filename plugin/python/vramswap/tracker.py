@@ -228,3 +228,76 @@ def offload(horizon=None, min_bytes=None):
 def tracker_stats():
     """The tracker's own counters (packs, untagged, cold, unpacks, releases)."""
     return _tracker.stats_snapshot()
+
+
+class _ForwardScopes(threading.local):
+    """Per thread: how deep the module forwards being run are, and the offload() scope the
+    outermost recorded one opened (None when none is open)."""
+
+    def __init__(self):
+        self.depth = 0
+        self.scope = None
+
+
+@contextlib.contextmanager
+def offload_forwards(horizon=None, min_bytes=None):
+    """Opens an offload() scope around every outermost nn.Module forward that autograd
+    records (grad mode on when it starts), through torch's global module forward hooks, and
+    nowhere else: what `vramswap run` uses (Note [Tag only what backward saves]).
+
+    Note [Tag only what backward saves]
+    -----------------------------------
+    A scope open for a whole script tags every large allocation: parameters (created in
+    __init__), gradients (in backward), optimizer state (in step()), which are never cold
+    while the model lives, so tagging them costs their rounding to whole pages and buys
+    nothing. The tensors backward saves are created while a forward runs with grad mode on,
+    so that is when the scope is open: a forward pre-hook on every module opens it when the
+    thread enters its outermost module with grad mode on (inner modules only count depth),
+    the forward hook closes it when that module returns. Under torch.no_grad() no scope
+    opens (evaluation saves nothing). What it leaves untagged: tensors saved by code outside
+    any module (a loss computed with torch.nn.functional on the model's output; the output
+    itself was allocated inside, and is tagged), and forwards called as module.forward(x),
+    which torch runs without hooks. A forward that raises skips its forward hook, so the
+    scope stays open until the module that opened it is called again (its pre-hook finds
+    itself the opener: the depth starts again from 0; a module that calls itself would be
+    taken for that too, and its inner call's allocations would be tagged) or until this
+    context exits.
+
+    Thread safety: the depth and the open scope are per thread, as vramswap's scopes are.
+    """
+    state = _ForwardScopes()
+    module = torch.nn.modules.module
+
+    def _close():
+        cm, _ = state.scope
+        state.scope = None
+        state.depth = 0
+        cm.__exit__(None, None, None)
+
+    def _pre(mod, inputs):
+        if state.depth and state.scope is not None and state.scope[1] is mod:
+            _close()  # the module that opened the scope starts again: its last forward raised
+        if state.depth == 0:
+            if not torch.is_grad_enabled():
+                return
+            cm = offload(horizon=horizon, min_bytes=min_bytes)
+            cm.__enter__()
+            state.scope = (cm, mod)
+        state.depth += 1
+
+    def _post(mod, inputs, output):
+        if state.depth == 0:
+            return
+        state.depth -= 1
+        if state.depth == 0 and state.scope is not None:
+            _close()
+
+    pre = module.register_module_forward_pre_hook(_pre)
+    post = module.register_module_forward_hook(_post)
+    try:
+        yield
+    finally:
+        pre.remove()
+        post.remove()
+        if state.scope is not None:  # this thread's outermost forward raised
+            _close()

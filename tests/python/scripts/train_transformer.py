@@ -7,7 +7,11 @@ AdamW for a few steps, on random tokens with a fixed seed, and writes to OUT (JS
 of each step, a sha256 of each step's gradients (every parameter's .grad bytes, in order), a
 sha256 of the parameters after training, and a float sum of the last gradients.
 
-Usage: python3 train_transformer.py OUT [--steps N] [--batch B]
+Usage: python3 train_transformer.py OUT [--steps N] [--batch B] [--vocab V]
+
+With --vocab 4096 the embedding and the head's weight are 1 MiB each (and so are their
+gradients and AdamW's two states): parameters large enough for vramswap to tag, were they
+allocated inside an offload scope.
 """
 import argparse
 import hashlib
@@ -15,17 +19,17 @@ import json
 
 import torch
 
-VOCAB, WIDTH, HEADS, FFN, LAYERS, SEQ = 256, 64, 4, 128, 4, 64
+WIDTH, HEADS, FFN, LAYERS, SEQ = 64, 4, 128, 4, 64
 
 
 class LanguageModel(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, vocab):
         super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, WIDTH)
+        self.embed = torch.nn.Embedding(vocab, WIDTH)
         layer = torch.nn.TransformerEncoderLayer(WIDTH, HEADS, FFN, dropout=0.0,
                                                  batch_first=True, norm_first=True)
         self.encoder = torch.nn.TransformerEncoder(layer, LAYERS)
-        self.head = torch.nn.Linear(WIDTH, VOCAB)
+        self.head = torch.nn.Linear(WIDTH, vocab)
         self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(SEQ))
 
     def forward(self, tokens):
@@ -44,18 +48,19 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=256)
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = LanguageModel()
+    model = LanguageModel(a.vocab)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     result = {"loss": [], "grad_sha256": []}
     for _ in range(a.steps):
-        tokens = torch.randint(VOCAB, (a.batch, SEQ))
-        targets = torch.randint(VOCAB, (a.batch, SEQ))
+        tokens = torch.randint(a.vocab, (a.batch, SEQ))
+        targets = torch.randint(a.vocab, (a.batch, SEQ))
         opt.zero_grad()
         logits = model(tokens)
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, a.vocab), targets.view(-1))
         loss.backward()
         grads = [p.grad for p in model.parameters()]
         result["loss"].append(loss.item())
