@@ -280,6 +280,7 @@ void* Allocator::allocate(size_t size, int device, cudaStream_t stream, AllocErr
   if (!ptr) {
     error->kind = AllocError::Kind::kOutOfMemory;
     error->code = cudaErrorMemoryAllocation;
+    error->message += untagged_report(device);
     log(LogLevel::kWarn, "%s", one_line(error->message).c_str());
     return nullptr;
   }
@@ -339,6 +340,26 @@ FreeOutcome Allocator::deallocate(void* ptr, int device_hint, cudaStream_t strea
     log(LogLevel::kDebug, "free %p on device %d, stream %p%s", ptr, owner, static_cast<void*>(stream),
         tagged ? " (tagged)" : "");
   return FreeOutcome::kFreed;
+}
+
+std::string Allocator::untagged_report(int device) const {
+  pool::DevicePool* p = pool(device);
+  if (!p) return "";
+  const uint64_t allocated = p->stats().allocated_bytes;
+  residency::Engine* e = engine(device);
+  const uint64_t tagged = e ? e->stats().tagged_bytes : 0;
+  if (allocated == 0 || tagged * 2 >= allocated) return "";  // most of it can be offloaded
+  const uint64_t threshold = min_offload_bytes_.load(std::memory_order_relaxed);
+  const pool::DevicePool::Census small = p->live_below(threshold);
+  std::string s = " Only " + format_size(tagged) + " of the " + format_size(allocated) +
+                  " live can be offloaded: offload takes only blocks allocated inside an offload scope "
+                  "(vramswap.offload(), python3 -m vramswap run, vramswap_scope_push) of at least "
+                  "VRAMSWAP_MIN_OFFLOAD_BYTES (" + format_size(threshold) + ").";
+  if (small.bytes > 0)
+    s += " " + format_size(small.bytes) + " are in " + std::to_string(small.blocks) +
+         " blocks smaller than that, never offloaded: a smaller VRAMSWAP_MIN_OFFLOAD_BYTES (for example 64KiB) "
+         "lets offload scopes take them.";
+  return s;
 }
 
 void Allocator::report_invalid_free(const std::string& message) {

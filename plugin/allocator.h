@@ -196,6 +196,10 @@ class Allocator {
     return device >= 0 && device < kMaxDevices ? engines_[device].load(std::memory_order_acquire) : nullptr;
   }
   pool::DevicePool* pool_or_create(int device, AllocError* error);
+  // For an out-of-memory report, when less than half the live bytes are tagged: what can be
+  // offloaded at all, and how much is in blocks below VRAMSWAP_MIN_OFFLOAD_BYTES ("" when
+  // most of the live memory is tagged).
+  std::string untagged_report(int device) const;
   // The engine a handle names, or nullptr with *error set ("<what>: handle ... ").
   residency::Engine* engine_of_handle(uint64_t handle, const char* what, std::string* error) const;
   // The AllocError for allocations refused while an environment value is wrong.

@@ -115,7 +115,10 @@ constexpr KeySpec kKeys[] = {
         "naming the block. Costs a host pass over every copy."),
     key<KeyType::kEnum, &Config::log_level>(
         "VRAMSWAP_LOG", "warn", "off|error|warn|info|debug",
-        "What vramswap writes to stderr; info also prints the effective settings at startup."),
+        "What vramswap writes to stderr; info also prints the effective settings at startup; debug also "
+        "logs, one line each, every allocation and free, each block's cold mark, copies out and back, "
+        "eviction and unpack outcome, and each step's plan decision (followed, recorded, diverged, the "
+        "plan made)."),
     key<KeyType::kPath, &Config::stats_file>(
         "VRAMSWAP_STATS_FILE", "", "",
         "Statistics are written to this file as JSON when the process exits; unset: no file."),

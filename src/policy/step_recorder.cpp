@@ -14,6 +14,7 @@ void StepRecorder::begin_step() {
   shape_.clear();
   waited_.clear();
   following_ = recorded_points_ > 0 && skip_ == 0;
+  skipping_ = recorded_points_ > 0 && skip_ > 0;
   if (skip_ > 0) --skip_;
 }
 

@@ -101,6 +101,9 @@ class StepRecorder {
   uint64_t num_planned_steps() const { return planned_steps_; }
   // Planned steps that were slower than the reactive policy's (each began a back-off).
   uint64_t num_backoffs() const { return backoffs_; }
+  // True while steps run reactive after planned steps that were slower (a back-off).
+  // True when the step that began last runs reactive because of a back-off.
+  bool backing_off() const { return skipping_; }
   uint64_t num_divergences() const { return divergences_; }
   // The points of the step that ended last (the recording the plan is made from).
   size_t recorded_points() const { return recorded_points_; }
@@ -141,6 +144,7 @@ class StepRecorder {
   bool ended_planned_ = false;  // the step that ended last followed the plan to its end
   uint64_t reactive_ns_ = 0;    // how long the last step the reactive policy ran took
   uint32_t losses_ = 0;         // planned steps slower than that one, in a row
+  bool skipping_ = false;       // the step that began last is one of the skipped ones
   uint32_t skip_ = 0;           // steps left to run reactive before the plan is tried again
 };
 

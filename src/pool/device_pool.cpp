@@ -119,6 +119,7 @@ class DevicePool::Impl {
     return high;
   }
   std::string check_invariants() const;
+  Census live_below(uint64_t bytes) const;
   void reset_peaks();
   bool owns(const void* ptr) const { return va_.contains(reinterpret_cast<uintptr_t>(ptr)); }
   int device() const { return device_; }
@@ -866,6 +867,17 @@ PoolStats DevicePool::Impl::stats() const {
   return s;
 }
 
+DevicePool::Census DevicePool::Impl::live_below(uint64_t bytes) const {
+  std::lock_guard lock(mu_);
+  Census c;
+  for (const auto& [addr, b] : blocks_)
+    if (b.state == State::kLive && b.size < bytes) {
+      ++c.blocks;
+      c.bytes += b.size;
+    }
+  return c;
+}
+
 std::string DevicePool::Impl::check_invariants() const {
   std::lock_guard lock(mu_);
   std::vector<std::string> broken;
@@ -951,6 +963,7 @@ uint64_t DevicePool::take_allocated_high() { return impl_->take_allocated_high()
 Result DevicePool::record_stream(void* ptr, cudaStream_t stream) { return impl_->record_stream(ptr, stream); }
 void DevicePool::empty_cache() { impl_->empty_cache(); }
 PoolStats DevicePool::stats() const { return impl_->stats(); }
+DevicePool::Census DevicePool::live_below(uint64_t bytes) const { return impl_->live_below(bytes); }
 void* DevicePool::allocate_own_span(size_t size, cudaStream_t stream, std::string* error) {
   return impl_->allocate_own_span(size, stream, error);
 }

@@ -184,6 +184,15 @@ class DevicePool {
   // Walks every block under the lock. Thread-safe.
   std::string check_invariants() const;
 
+  // The live blocks smaller than `bytes`: how many, and what they hold (as rounded). For
+  // out-of-memory reports (what offload cannot take). Walks every block under the lock.
+  // Thread-safe.
+  struct Census {
+    uint64_t blocks = 0;
+    uint64_t bytes = 0;
+  };
+  Census live_below(uint64_t bytes) const;
+
   // Resets the peaks to the current values. Thread-safe.
   void reset_peaks();
 

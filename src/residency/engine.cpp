@@ -202,6 +202,13 @@ class Engine::Impl {
     }
     return n;
   }
+  // One line at VRAMSWAP_LOG=debug: what happened to block `s` (a cold mark, a copy either
+  // way, a drop, an unpack's outcome).
+  void debug(const char* what, const Slot& s) const {
+    if (stats::log_enabled(stats::LogLevel::kDebug))
+      stats::log(stats::LogLevel::kDebug, "device %d: block %s (%s): %s", device_, hex(s.addr).c_str(),
+                 format_size(s.requested).c_str(), what);
+  }
   // A clean block becomes plainly resident: its host copy is not needed any more.
   void forget_host_copy(Slot& s) {
     host_.free(s.host);
@@ -508,6 +515,7 @@ Status Engine::Impl::mark_cold(uint64_t handle, cudaStream_t stream) {
   s->cold = true;
   s->cold_stream = stream;
   s->unpacked = false;
+  debug("cold", *s);
   note_point(policy::PointKind::kCold, s->step_block, 0, stream);
   if (recorder_.planned_victim(s->step_block) && s->residency == Residency::kResident) {
     // The plan's victim: its copy starts now, while the copy engine is idle; its pages stay
@@ -545,6 +553,7 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
       break;
     case Residency::kClean:  // never given up: no copy back at all
       ++st_.num_clean_reuses;
+      debug("unpacked while clean (no copy back)", *s);
       forget_host_copy(*s);
       break;
     case Residency::kEvicted: {
@@ -557,7 +566,10 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
       break;
     }
     case Residency::kFetching:
-      if (!s->copy_event.query()) ++st_.num_late_prefetches;
+      if (!s->copy_event.query()) {
+        ++st_.num_late_prefetches;
+        debug("unpacked while its fetch is in flight (late)", *s);
+      }
       break;
   }
   s = &slots_[slot];
@@ -705,6 +717,7 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
   in_flight_.push_back(slot);
   st_.in_flight_bytes += s.placed;
   update_peaks();
+  debug("copy out started", s);
   return true;
 }
 
@@ -790,6 +803,10 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
     return {false, "cannot bring block " + hex(s.addr) + " back to the device: " + e.what() +
                        "; it stays on the host (a later unpack tries again)"};
   }
+  static constexpr const char* kWhy[] = {"fetch started (needed now: a fault)", "fetch started (prefetch window)",
+                                         "fetch started (ahead of the window)", "fetch started (hint)",
+                                         "fetch started (planned)", "fetch started (pages kept)"};
+  debug(kWhy[int(kind)], s);
   s.copy_event = std::move(copied);
   s.check = check;
   s.residency = Residency::kFetching;
@@ -809,10 +826,12 @@ void Engine::Impl::finish(uint32_t slot) {
       host_.free(s.host);
       s.host = nullptr;
       s.residency = Residency::kResident;
+      debug("eviction cancelled (used again before its copy landed)", s);
     } else {  // clean: its pages go when memory is needed (drop)
       if (options_.verify) s.checksum = checksum(s.host, s.requested);
       if (planned) st_.planned_bytes_d2h += s.requested;
       s.residency = Residency::kClean;
+      debug(planned ? "copied out, clean (a planned victim)" : "copied out, clean", s);
       st_.clean_bytes += s.placed;
       st_.bytes_evicted_total += s.requested;
       ++st_.num_evictions;
@@ -837,6 +856,7 @@ void Engine::Impl::finish(uint32_t slot) {
     s.host = nullptr;
     s.residency = Residency::kResident;
     st_.evicted_bytes -= s.placed;
+    debug("fetch landed, resident", s);
   }
   events_.release(std::move(s.copy_event));
 }
@@ -893,6 +913,7 @@ void Engine::Impl::drop(uint32_t slot) {
   if (!r.ok && !partly) throw cuda::CudaError("eviction of " + hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
   // Unmapped, or partly: the host copy is whole, and a fetch maps what is missing.
   s.residency = Residency::kEvicted;
+  debug(r.ok ? "evicted (pages given up)" : "evicted (pages partly given up)", s);
   unmapped_total_ += s.placed;
   st_.clean_bytes -= s.placed;
   st_.evicted_bytes += s.placed;
@@ -973,6 +994,10 @@ void Engine::Impl::begin_step() {
   plan_next_step();
   pool_.take_allocated_high();  // the demand is counted from here
   recorder_.begin_step();
+  stats::log(stats::LogLevel::kDebug, "device %d: a step begins: %s", device_,
+             recorder_.following() ? "it follows the plan"
+             : recorder_.backing_off() ? "the watermarks decide (the plan is backing off), and it is recorded"
+                                       : "the watermarks decide, and it is recorded");
 }
 
 void Engine::Impl::end_step() {

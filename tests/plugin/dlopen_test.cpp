@@ -882,6 +882,38 @@ class PluginOffload : public Plugin {
   int depth_ = 0;
 };
 
+// An out-of-memory when little of the live memory can be offloaded says why: the blocks
+// below VRAMSWAP_MIN_OFFLOAD_BYTES, and the variable that changes that. When most of it is
+// tagged (offload could take it, were it cold), the report does not say it.
+TEST_F(PluginOffload, OutOfMemoryWithLittleTaggedNamesTheThreshold) {
+  push();
+  std::vector<void*> small;
+  const size_t kSmall = 256 * 1024;  // below the default threshold of 1 MiB
+  for (size_t i = 0; i < 2 * limit_ / kSmall; ++i) {
+    void* p = a.malloc(kSmall, 0, stream_);
+    if (!p) break;
+    small.push_back(p);
+  }
+  const std::string error = last_error();
+  ASSERT_LT(small.size(), 2 * limit_ / kSmall) << "no out-of-memory";
+  EXPECT_NE(error.find("VRAMSWAP_MIN_OFFLOAD_BYTES (1 MiB)"), std::string::npos) << error;
+  EXPECT_NE(error.find(" are in " + std::to_string(small.size()) + " blocks smaller than that"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("Only 0 B of the "), std::string::npos) << error;
+  for (void* p : small) a.free(p, kSmall, 0, stream_);
+
+  std::vector<void*> tagged;  // in use, never cold: not evictable, but tagged
+  for (size_t i = 0; i < 2 * limit_ / kBlock; ++i) {
+    void* p = a.malloc(kBlock, 0, stream_);
+    if (!p) break;
+    tagged.push_back(p);
+  }
+  const std::string full = last_error();
+  ASSERT_LT(tagged.size(), 2 * limit_ / kBlock) << "no out-of-memory";
+  EXPECT_EQ(full.find("VRAMSWAP_MIN_OFFLOAD_BYTES"), std::string::npos) << full;
+  for (void* p : tagged) a.free(p, kBlock, 0, stream_);
+}
+
 TEST_F(PluginOffload, ForwardBackwardUnderTheLimitRestoresEveryByte) {
   const size_t n = 2 * limit_ / kBlock;  // twice what fits: 16 blocks under 64 MiB
   std::vector<void*> blocks;

@@ -209,10 +209,14 @@ TEST(StepRecorder, APlanSlowerThanTheReactivePolicyBacksOff) {
   step_taking(110);  // planned, slower again: back off
   EXPECT_EQ(2u, r.num_planned_steps());
   EXPECT_EQ(1u, r.num_backoffs());
+  EXPECT_FALSE(r.backing_off()) << "that step itself followed the plan";
   step_taking(100);  // reactive
+  EXPECT_TRUE(r.backing_off());
   step_taking(100);  // reactive
+  EXPECT_TRUE(r.backing_off());
   EXPECT_EQ(2u, r.num_planned_steps()) << "two steps back on the reactive policy";
   step_taking(101);  // planned, within 2%
+  EXPECT_FALSE(r.backing_off());
   EXPECT_EQ(3u, r.num_planned_steps());
   step_taking(101);  // and the next one follows too
   EXPECT_EQ(4u, r.num_planned_steps());

@@ -18,6 +18,7 @@
 #include "engine_test_util.h"
 #include "pool/device_pool.h"
 #include "residency/engine.h"
+#include "stats/log.h"
 
 namespace {
 
@@ -151,6 +152,40 @@ TEST_F(EngineTest, AFaultFetchesTheBlockWhenNothingWasPrefetched) {
   EXPECT_EQ(1u, stats().num_faults);
   EXPECT_TRUE(holds(a, 1));
   EXPECT_TRUE(holds(b, 2));
+}
+
+// VRAMSWAP_LOG=debug: one line per event of a block (cold mark, copy out, drop, fetch, its
+// landing) and per step begun, each naming the device and the block.
+TEST_F(EngineTest, DebugLogHasOneLinePerEvent) {
+  using vramswap::stats::LogLevel;
+  const LogLevel saved = vramswap::stats::log_level();
+  EngineOptions options;
+  options.horizon = 0;
+  start(8 * kMiB, options);
+  vramswap::stats::set_log_level(LogLevel::kDebug);
+  ::testing::internal::CaptureStderr();
+  engine_->graph_begin();
+  void* a = tagged(1);
+  const uint64_t ha = pack_cold(a);
+  void* b = tagged(2);
+  const uint64_t hb = pack_cold(b);
+  void* c = tagged(3);  // evicts a
+  ASSERT_NE(nullptr, c);
+  ASSERT_TRUE(engine_->free_tagged(c, stream_).ok);
+  ASSERT_TRUE(engine_->unpack(hb, stream_).ok);
+  ASSERT_TRUE(engine_->unpack(ha, stream_).ok);  // a fault
+  EXPECT_TRUE(holds(a, 1));
+  (void)stats();  // reaps the fetch
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  vramswap::stats::set_log_level(saved);
+  char block_a[64];
+  snprintf(block_a, sizeof block_a, "block %#llx (4 MiB): ", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(a)));
+  for (const char* what : {"cold", "copy out started", "copied out, clean", "evicted (pages given up)",
+                           "fetch started (needed now: a fault)", "fetch landed, resident"}) {
+    const std::string line = std::string("vramswap: device 0: ") + block_a + what + "\n";
+    EXPECT_NE(std::string::npos, log.find(line)) << "no line \"" << line << "\" in:\n" << log;
+  }
+  EXPECT_NE(std::string::npos, log.find("vramswap: device 0: a step begins: ")) << log;
 }
 
 TEST_F(EngineTest, HandlesAreCheckedAndGoStale) {
