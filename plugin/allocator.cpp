@@ -346,11 +346,10 @@ std::string Allocator::untagged_report(int device) const {
   pool::DevicePool* p = pool(device);
   if (!p) return "";
   const uint64_t allocated = p->stats().allocated_bytes;
-  residency::Engine* e = engine(device);
-  const uint64_t tagged = e ? e->stats().tagged_bytes : 0;
-  if (allocated == 0 || tagged * 2 >= allocated) return "";  // most of it can be offloaded
   const uint64_t threshold = min_offload_bytes_.load(std::memory_order_relaxed);
   const pool::DevicePool::Census small = p->live_below(threshold);
+  const uint64_t tagged = small.own_span_bytes;  // tagged blocks are the own-span ones
+  if (allocated == 0 || tagged * 2 >= allocated) return "";  // most of it can be offloaded
   std::string s = " Only " + format_size(tagged) + " of the " + format_size(allocated) +
                   " live can be offloaded: offload takes only blocks allocated inside an offload scope "
                   "(vramswap.offload(), python3 -m vramswap run, vramswap_scope_push) of at least "

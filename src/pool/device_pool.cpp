@@ -870,11 +870,14 @@ PoolStats DevicePool::Impl::stats() const {
 DevicePool::Census DevicePool::Impl::live_below(uint64_t bytes) const {
   std::lock_guard lock(mu_);
   Census c;
-  for (const auto& [addr, b] : blocks_)
-    if (b.state == State::kLive && b.size < bytes) {
+  for (const auto& [addr, b] : blocks_) {
+    if (b.state != State::kLive) continue;
+    if (b.own_span) c.own_span_bytes += b.size;
+    if (b.size < bytes) {
       ++c.blocks;
       c.bytes += b.size;
     }
+  }
   return c;
 }
 

@@ -184,12 +184,14 @@ class DevicePool {
   // Walks every block under the lock. Thread-safe.
   std::string check_invariants() const;
 
-  // The live blocks smaller than `bytes`: how many, and what they hold (as rounded). For
-  // out-of-memory reports (what offload cannot take). Walks every block under the lock.
-  // Thread-safe.
+  // The live blocks smaller than `bytes`: how many, and what they hold (as rounded); and
+  // the bytes of live own-span blocks (the engine's tagged ones). For out-of-memory reports
+  // (what offload cannot take), without asking the engine. Walks every block under the
+  // lock. Thread-safe.
   struct Census {
     uint64_t blocks = 0;
     uint64_t bytes = 0;
+    uint64_t own_span_bytes = 0;
   };
   Census live_below(uint64_t bytes) const;
 
