@@ -348,7 +348,7 @@ std::string Allocator::untagged_report(int device) const {
   const uint64_t allocated = p->stats().allocated_bytes;
   const uint64_t threshold = min_offload_bytes_.load(std::memory_order_relaxed);
   const pool::DevicePool::Census small = p->live_below(threshold);
-  const uint64_t tagged = small.own_span_bytes;  // tagged blocks are the own-span ones
+  const uint64_t tagged = small.offloadable_bytes;  // tagged blocks are the offloadable ones
   if (allocated == 0 || tagged * 2 >= allocated) return "";  // most of it can be offloaded
   std::string s = " Only " + format_size(tagged) + " of the " + format_size(allocated) +
                   " live can be offloaded: offload takes only blocks allocated inside an offload scope "

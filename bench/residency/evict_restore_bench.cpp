@@ -129,9 +129,9 @@ void memcpy_round_trip(benchmark::State& state, bool unmap_map) {
   const cudaStream_t stream = rig->stream;
   std::vector<void*> blocks(n);
   for (void*& p : blocks) {
-    p = pool.allocate_own_span(bytes, stream, &error);  // own span: unmap_block works on it
+    p = pool.allocate_offloadable(bytes, stream, &error);  // unmap_block works on it
     if (!p) {
-      state.SkipWithError(("allocate_own_span: " + error).c_str());
+      state.SkipWithError(("allocate_offloadable: " + error).c_str());
       return;
     }
   }

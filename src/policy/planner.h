@@ -54,7 +54,7 @@ constexpr uint32_t kNoPoint = UINT32_MAX;
 
 // One tagged block of a recorded step, in the order the step first packed it.
 struct StepBlock {
-  uint64_t bytes = 0;         // as placed (whole granules): what its eviction frees
+  uint64_t bytes = 0;         // as placed (512-byte units): about what its eviction frees
   uint32_t cold = kNoPoint;   // the point at which it went cold; kNoPoint: never
   uint32_t use = kNoPoint;    // the point at which backward needed it again (its unpack, or
                               // its release when never unpacked); kNoPoint: not in the step

@@ -7,8 +7,9 @@
 //   * a block is in exactly one state: live (handed out), pending (freed, waiting for
 //     events), or free (in free_[tag]); only free blocks are ever merged or split;
 //   * two adjacent free blocks never share a tag (they would have been merged);
-//   * every granule under a live or pending block is mapped; a granule is unmapped only
-//     when every block touching it is free with tag kAnyStream.
+//   * every granule under a live or pending block is mapped unless the block is away
+//     (offloadable, given up by unmap_block); a granule is unmapped only when every block
+//     touching it is free with tag kAnyStream or live and away.
 #include "pool/device_pool.h"
 
 #include <algorithm>
@@ -53,8 +54,9 @@ struct Block {
   State state = State::kFree;
   cudaStream_t tag = kAnyStream;       // free: who may reuse it; live: the allocation stream
   std::vector<cudaStream_t> also_on;   // live: streams added by record_stream
-  bool own_span = false;               // live: granule-aligned, alone on its granules
-  bool unmapped = false;               // live own-span block whose pages were taken away
+  bool offloadable = false;            // live: allocate_offloadable's (an engine's tagged block)
+  bool away = false;                   // live or pending offloadable block whose contents are
+                                       // elsewhere (unmap_block): its granules may be unmapped
   uint64_t serial = 0;                 // free, tagged with a stream: the latest release in it
                                        // (deallocate_to_any's promotion checks it)
 };
@@ -98,8 +100,8 @@ class DevicePool::Impl {
   void* allocate(size_t size, cudaStream_t stream, std::string* error);
   Result deallocate(void* ptr, cudaStream_t stream);
   Result record_stream(void* ptr, cudaStream_t stream);
-  void* allocate_own_span(size_t size, cudaStream_t stream, std::string* error);
-  Result unmap_block(void* ptr, bool* partly);
+  void* allocate_offloadable(size_t size, cudaStream_t stream, std::string* error);
+  Result unmap_block(void* ptr, bool* partly, uint64_t* freed);
   Result map_block(void* ptr, MapWait wait, cudaStream_t stream);
   Result deallocate_to_any(void* ptr, cudaStream_t stream);
   void set_reclaimer(Reclaimer r) {
@@ -110,6 +112,10 @@ class DevicePool::Impl {
     reclaimer_ = std::move(r);
   }
   uint64_t granularity() const { return granularity_; }
+  uint64_t placed_size(uint64_t size) const {
+    const uint64_t rounded = round_up(size, kAlignment);
+    return rounded < granularity_ / 2 ? rounded : round_up(size, granularity_);
+  }
   void empty_cache();
   PoolStats stats() const;
   uint64_t take_allocated_high() {
@@ -139,9 +145,14 @@ class DevicePool::Impl {
   void release_block(BlockIt b, cudaStream_t tag, uint64_t serial = 0);
   // The best-fitting free block for `size` usable on `stream`, or end(). With `aligned`,
   // the block must hold `size` bytes from its first granule boundary.
-  BlockIt find_fit(uint64_t size, cudaStream_t stream, bool aligned = false);
-  // The common slow path of allocate() and allocate_own_span().
-  void* allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool own_span,
+  BlockIt find_fit(uint64_t size, cudaStream_t stream, bool aligned);
+  // The quick path of allocate(): a block quick-listed for (stream, rounded), or nullptr.
+  void* take_quick(uint64_t rounded, cudaStream_t stream, bool offloadable);
+  // True when no block touching granule `g` needs its pages: each is free for any stream,
+  // or live and away (a pending block may still be touched by queued work).
+  bool granule_idle(uint64_t g) const;
+  // The common slow path of allocate() and allocate_offloadable().
+  void* allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool offloadable,
                       std::unique_lock<std::mutex>& lock, std::string* error);
   // Maps every unmapped granule under [addr, addr+size). False (with *why, and *lacking:
   // the bytes missing, all the new ones when the device is full), and nothing newly
@@ -211,7 +222,7 @@ class DevicePool::Impl {
   };
   bool relieve(Relief relief, uint64_t bytes, cudaStream_t stream, std::unique_lock<std::mutex>& lock);
   bool call_reclaimer(uint64_t bytes, ReclaimMode mode, std::unique_lock<std::mutex>& lock);
-  void* take(BlockIt b, uint64_t size, cudaStream_t stream, bool own_span, bool mapped_new);
+  void* take(BlockIt b, uint64_t size, cudaStream_t stream, bool offloadable, bool aligned, bool mapped_new);
   std::string oom_report(size_t requested, uint64_t rounded, const std::string& why) const;
   uint64_t granule_index(uintptr_t addr) const { return (addr - va_.base()) / granularity_; }
 
@@ -266,8 +277,7 @@ DevicePool::Impl::Impl(const PoolOptions& options) : device_(options.device), ev
     va_ = cuda::VaReservation(va_size, granularity_);
   }
   granules_.resize(va_size / granularity_);
-  auto b = blocks_.emplace(va_.base(), Block{va_size, State::kFree, kAnyStream, {}}).first;
-  index_insert(b);
+  index_insert(blocks_.emplace(va_.base(), Block{va_size, State::kFree, kAnyStream, {}}).first);
 }
 
 DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t stream, bool aligned) {
@@ -285,6 +295,19 @@ DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t
     }
   }
   return best;
+}
+
+bool DevicePool::Impl::granule_idle(uint64_t g) const {
+  const uintptr_t start = va_.base() + g * granularity_, end = start + granularity_;
+  auto b = blocks_.upper_bound(start);
+  if (b != blocks_.begin()) --b;  // the block holding the granule's first byte
+  for (; b != blocks_.end() && b->first < end; ++b) {
+    const Block& block = b->second;
+    if (block.state == State::kFree && block.tag == kAnyStream) continue;
+    if (block.state == State::kLive && block.away) continue;
+    return false;  // queued work or a live block's contents may need its pages
+  }
+  return true;
 }
 
 bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why, uint64_t* lacking) {
@@ -360,7 +383,7 @@ void DevicePool::Impl::give_back(cuda::PhysicalPages pages, bool was_spare) {
 void DevicePool::Impl::unmap_unused() {
   std::vector<bool> busy(granules_.size(), false);
   for (auto& [addr, b] : blocks_) {
-    if (b.state == State::kFree && b.tag == kAnyStream) continue;
+    if ((b.state == State::kFree && b.tag == kAnyStream) || (b.state == State::kLive && b.away)) continue;
     for (uint64_t g = granule_index(addr), last = granule_index(addr + b.size - 1); g <= last; ++g) busy[g] = true;
   }
   std::unique_ptr<cuda::ContextScope> scope;
@@ -396,6 +419,7 @@ void DevicePool::Impl::release_block(BlockIt b, cudaStream_t tag, uint64_t seria
   b->second.state = State::kFree;
   b->second.tag = tag;
   b->second.also_on.clear();
+  b->second.away = false;  // a free block's contents are no one's
   // Every release to a stream gets a fresh serial, and a merged block carries the latest:
   // only that release's promotion event (the latest on the stream, so it covers the
   // others) may hand it to any stream. A release with no promotion thus blocks older ones.
@@ -458,13 +482,14 @@ bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock
   flush_quick();
   std::vector<std::pair<uintptr_t, cudaStream_t>> retiring;  // (block, tag before)
   for (auto it = free_.begin(); it != free_.end();) {
-    if (it->first == kAnyStream || (only != kAnyStream && it->first != only)) {
+    const cudaStream_t tag = it->first;
+    if (tag == kAnyStream || (only != kAnyStream && tag != only)) {
       ++it;
       continue;
     }
     for (auto& [size, addr] : it->second) {
       blocks_.at(addr).state = State::kPending;
-      retiring.emplace_back(addr, it->first);
+      retiring.emplace_back(addr, tag);
     }
     it = free_.erase(it);
   }
@@ -552,12 +577,14 @@ void DevicePool::Impl::flush_quick() {
   quick_blocks_ = 0;
 }
 
-void* DevicePool::Impl::take(BlockIt b, uint64_t size, cudaStream_t stream, bool own_span, bool mapped_new) {
+void* DevicePool::Impl::take(BlockIt b, uint64_t size, cudaStream_t stream, bool offloadable, bool aligned,
+                             bool mapped_new) {
   index_erase(b);
-  if (own_span) {  // split off the part before the first granule boundary
+  if (aligned) {  // split off the part before the first granule boundary
     const uint64_t head = round_up(b->first, granularity_) - b->first;
     if (head) {
       Block rest{b->second.size - head, State::kFree, b->second.tag, {}};
+      rest.serial = b->second.serial;
       b->second.size = head;
       index_insert(b);
       b = blocks_.emplace(b->first + head, rest).first;
@@ -571,13 +598,30 @@ void* DevicePool::Impl::take(BlockIt b, uint64_t size, cudaStream_t stream, bool
   }
   b->second.state = State::kLive;
   b->second.tag = stream;
-  b->second.own_span = own_span;
-  b->second.unmapped = false;
+  b->second.offloadable = offloadable;
+  b->second.away = false;
   allocated_ += size;
   peak_allocated_ = std::max(peak_allocated_, allocated_);
   allocated_high_ = std::max(allocated_high_, allocated_);
   ++num_allocs_;
   if (!mapped_new) ++num_cache_hits_;
+  return reinterpret_cast<void*>(b->first);
+}
+
+void* DevicePool::Impl::take_quick(uint64_t rounded, cudaStream_t stream, bool offloadable) {
+  auto q = quick_.find({stream, rounded});
+  if (q == quick_.end() || q->second.empty()) return nullptr;
+  BlockIt b = q->second.back();
+  q->second.pop_back();
+  --quick_blocks_;
+  b->second.state = State::kLive;
+  b->second.offloadable = offloadable;
+  b->second.away = false;
+  allocated_ += rounded;
+  peak_allocated_ = std::max(peak_allocated_, allocated_);
+  allocated_high_ = std::max(allocated_high_, allocated_);
+  ++num_allocs_;
+  ++num_cache_hits_;
   return reinterpret_cast<void*>(b->first);
 }
 
@@ -593,26 +637,14 @@ void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* 
   const uint64_t rounded = round_up(size, kAlignment);
   poll_if_waiting();
   if (quick_blocks_) {
-    auto q = quick_.find({stream, rounded});
-    if (q != quick_.end() && !q->second.empty()) {
-      BlockIt b = q->second.back();
-      q->second.pop_back();
-      --quick_blocks_;
-      b->second.state = State::kLive;
-      allocated_ += rounded;
-      peak_allocated_ = std::max(peak_allocated_, allocated_);
-      allocated_high_ = std::max(allocated_high_, allocated_);
-      ++num_allocs_;
-      ++num_cache_hits_;
-      return reinterpret_cast<void*>(b->first);
-    }
+    if (void* p = take_quick(rounded, stream, false)) return p;
     // A miss: merge the quick lists so that best fit sees every cached block.
     flush_quick();
   }
   return allocate_slow(size, rounded, stream, false, lock, error);
 }
 
-void* DevicePool::Impl::allocate_own_span(size_t size, cudaStream_t stream, std::string* error) {
+void* DevicePool::Impl::allocate_offloadable(size_t size, cudaStream_t stream, std::string* error) {
   error->clear();
   if (size == 0) return nullptr;
   std::unique_lock lock(mu_);
@@ -622,60 +654,75 @@ void* DevicePool::Impl::allocate_own_span(size_t size, cudaStream_t stream, std:
     return nullptr;
   }
   poll_if_waiting();
+  const uint64_t rounded = placed_size(size);
+  if (rounded < granularity_) {
+    // Below half a granule: placed as allocate() places any block (its quick lists
+    // included), so that tagging changes no placement and costs no memory.
+    if (quick_blocks_) {
+      if (void* p = take_quick(rounded, stream, true)) return p;
+      flush_quick();
+    }
+    return allocate_slow(size, rounded, stream, true, lock, error);
+  }
   flush_quick();
-  return allocate_slow(size, round_up(size, granularity_), stream, true, lock, error);
+  return allocate_slow(size, rounded, stream, true, lock, error);
 }
 
-void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool own_span,
+void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool offloadable,
                                       std::unique_lock<std::mutex>& lock, std::string* error) {
   std::string why;
   // What the reclaimer is asked for: what the last refused mapping lacked, so that it gives
   // up no more than needed (every block it gives up must come back later).
   uint64_t lacking = rounded;
+  // A larger offloadable block gets whole granules of its own (placed_size rounded it).
+  const bool aligned = offloadable && rounded >= granularity_;
   constexpr Relief kSteps[] = {Relief::kUnusedGranules,     Relief::kReclaimNoWait,   Relief::kDrainPending,
                                Relief::kSynchronizeStream, Relief::kSynchronize, Relief::kReclaim};
   for (size_t step = 0; step <= std::size(kSteps); ++step) {
     if (step > 0 && !relieve(kSteps[step - 1], lacking, stream, lock)) continue;
-    BlockIt b = find_fit(rounded, stream, own_span);
+    BlockIt b = find_fit(rounded, stream, aligned);
     if (b == blocks_.end()) {
       why = "the pool's address range";
       continue;
     }
-    const uintptr_t start = own_span ? round_up(b->first, granularity_) : b->first;
+    const uintptr_t start = aligned ? round_up(b->first, granularity_) : b->first;
     const uint64_t reserved_before = reserved_;
     if (!map_range(start, rounded, &why, &lacking)) continue;
-    return take(b, rounded, stream, own_span, reserved_ != reserved_before);
+    return take(b, rounded, stream, offloadable, aligned, reserved_ != reserved_before);
   }
   ++num_ooms_;
   *error = oom_report(size, rounded, why);
   return nullptr;
 }
 
-Result DevicePool::Impl::unmap_block(void* ptr, bool* partly) {
+Result DevicePool::Impl::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
   if (partly) *partly = false;
+  if (freed) *freed = 0;
   std::lock_guard lock(mu_);
   auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (b == blocks_.end() || b->second.state != State::kLive || !b->second.own_span)
-    return {false, "unmap of " + pointer_name(ptr) + ": not a live block with its own span"};
-  if (b->second.unmapped) return {false, "unmap of " + pointer_name(ptr) + ": already unmapped"};
+  if (b == blocks_.end() || b->second.state != State::kLive || !b->second.offloadable)
+    return {false, "unmap of " + pointer_name(ptr) + ": not a live offloadable block"};
+  if (b->second.away) return {false, "unmap of " + pointer_name(ptr) + ": already given up (unmapped)"};
   cuda::ContextScope scope(device_);
+  b->second.away = true;  // so that granule_idle() sees its own granules as free of it
   uint64_t done = 0;
   for (uint64_t g = granule_index(b->first), last = granule_index(b->first + b->second.size - 1); g <= last; ++g) {
-    if (!granules_[g].mapping) continue;  // a fetch that failed left it unmapped
+    if (!granules_[g].mapping || !granule_idle(g)) continue;  // shared with a block that needs it
     try {
       granules_[g].mapping.unmap();
     } catch (const cuda::CudaError& e) {
-      // That granule stays mapped. The block counts as unmapped once any granule went (a
-      // later map_block maps what is missing); with none gone nothing changed.
-      b->second.unmapped = done > 0;
+      // That granule stays mapped. The block counts as away once any granule went (a later
+      // map_block maps what is missing); with none gone nothing changed.
+      b->second.away = done > 0;
       if (partly) *partly = done > 0;
+      if (freed) *freed = done * granularity_;
       return {false, "unmap of " + pointer_name(ptr) + ": " + e.what()};
     }
     spare_.push_back(std::move(granules_[g].pages));
     mapped_ -= granularity_;
     ++done;
   }
-  b->second.unmapped = true;
+  if (freed) *freed = done * granularity_;
   return {};
 }
 
@@ -683,8 +730,8 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait, cudaStream_t stream)
   std::unique_lock lock(mu_);
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
   auto b = blocks_.find(addr);
-  if (b == blocks_.end() || b->second.state != State::kLive || !b->second.own_span || !b->second.unmapped)
-    return {false, "map of " + pointer_name(ptr) + ": not a live, unmapped block with its own span"};
+  if (b == blocks_.end() || b->second.state != State::kLive || !b->second.offloadable || !b->second.away)
+    return {false, "map of " + pointer_name(ptr) + ": not a live offloadable block that was given up (unmap_block)"};
   const uint64_t size = b->second.size;
   std::string why;
   // The pool's own measures, as for an allocation (no reclaim: the caller is the
@@ -698,7 +745,7 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait, cudaStream_t stream)
     if (step > 0 && !relieve(kSteps[step - 1], size, wait == MapWait::kStream ? stream : kAnyStream, lock)) continue;
     uint64_t lacking = 0;
     if (map_range(addr, size, &why, &lacking)) {
-      blocks_.at(addr).unmapped = false;
+      blocks_.at(addr).away = false;
       return {};
     }
   }
@@ -809,7 +856,9 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
     promotions_.push_back({addr, serial, stream, std::move(events.front())});
   } else if (!events.empty()) {
     hold_back(b, std::move(events), to_any ? kAnyStream : stream);
-  } else if (auto& list = quick_[{stream, block.size}]; !to_any && !block.own_span && list.size() < kQuickPerSize) {
+  } else if (auto& list = quick_[{stream, block.size}];
+             !to_any && !block.away && !(block.offloadable && block.size >= granularity_) &&  // own span
+             list.size() < kQuickPerSize) {
     block.state = State::kQuick;
     block.tag = stream;
     block.also_on.clear();
@@ -861,7 +910,7 @@ PoolStats DevicePool::Impl::stats() const {
   s.num_frees = num_frees_;
   s.num_cache_hits = num_cache_hits_;
   s.num_ooms = num_ooms_;
-  for (auto& [tag, set] : free_) s.num_free_blocks += set.size();
+  for (auto& [key, set] : free_) s.num_free_blocks += set.size();
   s.num_free_blocks += quick_blocks_;
   s.va_reserved_bytes = va_.size();
   return s;
@@ -872,7 +921,7 @@ DevicePool::Census DevicePool::Impl::live_below(uint64_t bytes) const {
   Census c;
   for (const auto& [addr, b] : blocks_) {
     if (b.state != State::kLive) continue;
-    if (b.own_span) c.own_span_bytes += b.size;
+    if (b.offloadable) c.offloadable_bytes += b.size;
     if (b.size < bytes) {
       ++c.blocks;
       c.bytes += b.size;
@@ -906,7 +955,9 @@ std::string DevicePool::Impl::check_invariants() const {
       expect(!(prev && prev->state == State::kFree && prev->tag == b.tag),
              "free blocks with the same tag next to each other at " + pointer_name(reinterpret_cast<void*>(addr)));
     }
-    if (b.state != State::kFree && !b.unmapped)  // an evicted block may be freed, then pending
+    expect(!b.away || (b.offloadable && (b.state == State::kLive || b.state == State::kPending)),
+           "block " + pointer_name(reinterpret_cast<void*>(addr)) + " is away but not a live offloadable one");
+    if (b.state != State::kFree && !b.away)  // an evicted block may be freed, then pending
       for (uint64_t g = granule_index(addr), last = granule_index(addr + b.size - 1); g <= last; ++g)
         needs_pages[g] = true;
     prev = &b;
@@ -917,7 +968,7 @@ std::string DevicePool::Impl::check_invariants() const {
   expect(quick == quick_blocks_, "quick lists count " + std::to_string(quick_blocks_) + " blocks, " +
                                      std::to_string(quick) + " are quick-listed");
   uint64_t indexed = 0;
-  for (const auto& [tag, set] : free_) indexed += set.size();
+  for (const auto& [key, set] : free_) indexed += set.size();
   expect(indexed == free_blocks, "the free index holds " + std::to_string(indexed) + " entries for " +
                                      std::to_string(free_blocks) + " free blocks");
   uint64_t mapped = 0;
@@ -967,16 +1018,19 @@ Result DevicePool::record_stream(void* ptr, cudaStream_t stream) { return impl_-
 void DevicePool::empty_cache() { impl_->empty_cache(); }
 PoolStats DevicePool::stats() const { return impl_->stats(); }
 DevicePool::Census DevicePool::live_below(uint64_t bytes) const { return impl_->live_below(bytes); }
-void* DevicePool::allocate_own_span(size_t size, cudaStream_t stream, std::string* error) {
-  return impl_->allocate_own_span(size, stream, error);
+void* DevicePool::allocate_offloadable(size_t size, cudaStream_t stream, std::string* error) {
+  return impl_->allocate_offloadable(size, stream, error);
 }
-Result DevicePool::unmap_block(void* ptr, bool* partly) { return impl_->unmap_block(ptr, partly); }
+Result DevicePool::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
+  return impl_->unmap_block(ptr, partly, freed);
+}
 Result DevicePool::map_block(void* ptr, MapWait wait, cudaStream_t stream) {
   return impl_->map_block(ptr, wait, stream);
 }
 Result DevicePool::deallocate_to_any(void* ptr, cudaStream_t stream) { return impl_->deallocate_to_any(ptr, stream); }
 void DevicePool::set_reclaimer(Reclaimer reclaimer) { impl_->set_reclaimer(std::move(reclaimer)); }
 uint64_t DevicePool::granularity() const { return impl_->granularity(); }
+uint64_t DevicePool::placed_size(uint64_t size) const { return impl_->placed_size(size); }
 void DevicePool::reset_peaks() { impl_->reset_peaks(); }
 std::string DevicePool::check_invariants() const { return impl_->check_invariants(); }
 bool DevicePool::owns(const void* ptr) const { return impl_->owns(ptr); }

@@ -118,18 +118,27 @@ class DevicePool {
 
   // ---- For the residency engine (eviction) ----
 
-  // Like allocate(), but the block starts on a granule boundary and covers whole granules
-  // that no other block touches, so that its pages can be taken away and given back
-  // without affecting any other block. Never served from the quick lists. Thread-safe.
-  void* allocate_own_span(size_t size, cudaStream_t stream, std::string* error);
+  // Like allocate(), but the block's pages can be taken away and given back later at the
+  // same address (unmap_block, map_block): an *offloadable* block (the residency engine's
+  // tagged ones). Below half a granule it is placed exactly as allocate() would place it
+  // (quick lists included), sharing granules with its neighbours, so that tagging costs no
+  // memory; a larger one starts on a granule boundary and covers whole granules no other
+  // block touches (placed_size), never quick-listed: its eviction frees all of it, and its
+  // rounding wastes less than it would for a small block. Thread-safe.
+  void* allocate_offloadable(size_t size, cudaStream_t stream, std::string* error);
 
-  // Unmaps the pages under a live own-span block (the caller ordered this after all work
-  // using it); they become spare pages, mapped again before any new page is created. The
-  // block stays live and keeps its address. When CUDA refuses to unmap a granule, that
-  // granule stays mapped and the result is a refusal; *partly (may be null) then says
-  // whether other granules went already (the block then counts as unmapped: map_block maps
-  // what is missing) or nothing changed. Thread-safe.
-  Result unmap_block(void* ptr, bool* partly = nullptr);
+  // Gives up a live offloadable block's contents (the caller copied them elsewhere and
+  // ordered this after all work using it): the block becomes *away*, and each granule under
+  // it that no other block needs (every block touching it is free for any stream, or live
+  // and away) is unmapped; a granule shared with a block still in use stays mapped until
+  // that one goes too (its unmap_block, its free, or unused-granule unmapping). Unmapped
+  // pages become spare, mapped again before any new page is created. The block stays live
+  // and keeps its address. *freed (may be null): the bytes this call unmapped (0 when every
+  // granule is shared). When CUDA refuses to unmap a granule, that granule stays mapped and
+  // the result is a refusal; *partly (may be null) then says whether other granules went
+  // already (the block then counts as away: map_block maps what is missing) or nothing
+  // changed. Thread-safe.
+  Result unmap_block(void* ptr, bool* partly = nullptr, uint64_t* freed = nullptr);
 
   // How long map_block() may wait for memory: not at all (pages free now, or cached
   // granules no block uses), for the events of pending frees, for those and a
@@ -139,7 +148,10 @@ class DevicePool {
   // freed become usable (their granules unmapped), without waiting for other streams.
   enum class MapWait { kNone, kPendingFrees, kStream, kSynchronize };
 
-  // Maps pages (spare first) under a live own-span block that unmap_block() emptied.
+  // Maps pages (spare first) under the granules of an away block (unmap_block) that are not
+  // mapped, and makes it an ordinary live block again: its bytes are garbage until the
+  // caller restores them (a granule that stayed mapped kept them; one mapped again for a
+  // neighbour did not).
   // Refused, with nothing mapped, when the limit or the device does not allow it even
   // after the pool's own measures that `wait` allows. Thread-safe.
   Result map_block(void* ptr, MapWait wait, cudaStream_t stream = any_stream());
@@ -171,6 +183,10 @@ class DevicePool {
   // The VMM allocation granularity of the device. Thread-safe (immutable).
   uint64_t granularity() const;
 
+  // The bytes allocate_offloadable(size) places: `size` in 512-byte units below half a
+  // granule, else whole granules. Thread-safe (immutable).
+  uint64_t placed_size(uint64_t size) const;
+
   // A consistent reading of the counters. Thread-safe.
   PoolStats stats() const;
 
@@ -185,13 +201,13 @@ class DevicePool {
   std::string check_invariants() const;
 
   // The live blocks smaller than `bytes`: how many, and what they hold (as rounded); and
-  // the bytes of live own-span blocks (the engine's tagged ones). For out-of-memory reports
+  // the bytes of live offloadable blocks (the engine's tagged ones). For out-of-memory reports
   // (what offload cannot take), without asking the engine. Walks every block under the
   // lock. Thread-safe.
   struct Census {
     uint64_t blocks = 0;
     uint64_t bytes = 0;
-    uint64_t own_span_bytes = 0;
+    uint64_t offloadable_bytes = 0;
   };
   Census live_below(uint64_t bytes) const;
 

@@ -37,7 +37,7 @@ struct Slot {
   bool live = false;
   uint32_t generation = 1;
   uintptr_t addr = 0;
-  uint64_t placed = 0;     // whole granules
+  uint64_t placed = 0;     // as the pool placed it (DevicePool::placed_size)
   uint64_t requested = 0;  // what the program asked for: the bytes that are copied
   Residency residency = Residency::kResident;
   int packs = 0;
@@ -227,7 +227,10 @@ class Engine::Impl {
   // away, drops clean blocks (at once) and starts the eviction of evictable ones, until
   // those and the evictions in flight make `bytes`. Returns the bytes freed now (dropped).
   uint64_t make_room(uint64_t bytes, uint32_t except, bool window_too = false);
-  void drop(uint32_t slot);
+  // Gives up a clean block's pages (it becomes evicted); returns the bytes unmapped, which
+  // leave out granules it shares with blocks still in use. Throws cuda::CudaError when
+  // nothing could be unmapped.
+  uint64_t drop(uint32_t slot);
   // Frees at least `bytes` of device memory as Engine::reclaim. Returns the bytes freed.
   uint64_t reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t except = UINT32_MAX);
 
@@ -311,7 +314,7 @@ void Engine::Impl::update_peaks() {
 void* Engine::Impl::allocate_tagged(size_t size, cudaStream_t stream, std::string* error) {
   cuda::RelaxedCaptureScope relaxed;
   // The pool may call reclaim() (our lock) from here: not under mu_.
-  void* p = pool_.allocate_own_span(size, stream, error);
+  void* p = pool_.allocate_offloadable(size, stream, error);
   if (!p) {
     if (!error->empty()) *error += " " + pressure_report();
     return nullptr;
@@ -353,8 +356,7 @@ void Engine::Impl::register_block(void* p, size_t size) {
   s.live = true;
   s.addr = addr;
   s.requested = size;
-  const uint64_t g = pool_.granularity();
-  s.placed = (size + g - 1) / g * g;
+  s.placed = pool_.placed_size(size);
   s.residency = Residency::kResident;
   st_.tagged_bytes += s.placed;
   st_.tagged_waste_bytes += s.placed - s.requested;
@@ -404,7 +406,10 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
   // Its granules are likely wanted soon by a prefetch on the copy stream: free it behind an
   // event, not behind the next device synchronization. The pool first: if it refuses, the
   // engine has changed nothing and the handle stays valid.
-  pool::Result freed = pool_.deallocate_to_any(ptr, stream);
+  // A block placed with others (below half a granule) goes back as any block does (its stream's quick list, when
+  // nothing waits): tagging changes no placement.
+  pool::Result freed = s.placed < pool_.granularity() ? pool_.deallocate(ptr, stream)
+                                                      : pool_.deallocate_to_any(ptr, stream);
   if (!freed.ok) return freed;
   switch (s.residency) {
     case Residency::kResident:
@@ -906,18 +911,22 @@ uint64_t Engine::Impl::start_victims(uint64_t bytes, uint32_t except, bool windo
   return started;
 }
 
-void Engine::Impl::drop(uint32_t slot) {
+uint64_t Engine::Impl::drop(uint32_t slot) {
   Slot& s = slots_[slot];
   bool partly = false;
-  pool::Result r = pool_.unmap_block(reinterpret_cast<void*>(s.addr), &partly);
+  uint64_t freed = 0;
+  pool::Result r = pool_.unmap_block(reinterpret_cast<void*>(s.addr), &partly, &freed);
   if (!r.ok && !partly) throw cuda::CudaError("eviction of " + hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
   // Unmapped, or partly: the host copy is whole, and a fetch maps what is missing.
   s.residency = Residency::kEvicted;
   debug(r.ok ? "evicted (pages given up)" : "evicted (pages partly given up)", s);
-  unmapped_total_ += s.placed;
+  // The granules freed now: those it shares with a block still in use stay mapped (they go
+  // with the last of their blocks), and ones it shares with blocks already away go now.
+  unmapped_total_ += freed;
   st_.clean_bytes -= s.placed;
   st_.evicted_bytes += s.placed;
   if (!r.ok) throw cuda::CudaError("eviction of " + hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
+  return freed;
 }
 
 uint64_t Engine::Impl::drop_clean(uint64_t bytes, uint32_t except, bool window_too) {
@@ -927,8 +936,7 @@ uint64_t Engine::Impl::drop_clean(uint64_t bytes, uint32_t except, bool window_t
   order_.each_furthest_first([&](uint32_t slot) {
     if (dropped >= bytes) return false;
     if (slot == except || slots_[slot].residency != Residency::kClean || window.count(slot)) return true;
-    drop(slot);
-    dropped += slots_[slot].placed;
+    dropped += drop(slot);
     return true;
   });
   return dropped;
@@ -943,11 +951,12 @@ uint64_t Engine::Impl::make_room(uint64_t bytes, uint32_t except, bool window_to
     if (slot == except) return true;
     Slot& s = slots_[slot];
     if (s.residency == Residency::kClean && !window.count(slot)) {
-      drop(slot);
+      covered += drop(slot);  // what it freed: a granule shared with a block in use stays
     } else if (!evictable(slot, window) || !start_eviction(slot)) {
       return true;  // not a victim, or the host tier is full: only clean blocks help
+    } else {
+      covered += s.placed;
     }
-    covered += s.placed;
     return true;
   });
   return unmapped_total_ - unmapped_before;

@@ -10,9 +10,12 @@
 //   packed, cold, evicting (copy cancelled), clean (host copy freed) --unpack--> in use
 //   in use --release--> resident (an ordinary block again)
 //
-// * A tagged block lives on its own granules (pool::DevicePool::allocate_own_span), so its
-//   pages can be unmapped without touching any other block; the VA stays reserved and the
-//   device pointer never changes.
+// * A tagged block is offloadable (pool::DevicePool::allocate_offloadable): below half a
+//   granule it is placed as any block and shares granules with its neighbours (no memory
+//   cost); a larger one has whole granules of its own. Giving a block's pages up
+//   (unmap_block) unmaps the granules no block in use shares; a shared one goes with the
+//   last of its blocks, and the engine counts only what was unmapped. The VA stays
+//   reserved and the device pointer never changes.
 // * pack() gives the block a handle (one per block: packing it again returns the same
 //   handle and counts one more reference) and its place in the predicted order of use:
 //   backward runs graphs oldest first and, within a graph, last-saved first.
@@ -83,7 +86,7 @@ struct EngineOptions {
 struct EngineStats {
   uint64_t resident_bytes = 0;        // mapped device memory of the pool (all blocks)
   uint64_t peak_resident_bytes = 0;   // the pool's peak (reset with the pool's peaks)
-  uint64_t tagged_bytes = 0;          // live tagged blocks, as placed (whole granules)
+  uint64_t tagged_bytes = 0;          // live tagged blocks, as placed (DevicePool::placed_size)
   uint64_t evictable_bytes = 0;       // cold, resident, outside the prefetch window
   uint64_t clean_bytes = 0;           // copied to the host and still mapped: given up at once
                                       // when memory is needed
@@ -121,8 +124,8 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // A tagged block (own span, whole granules) of `size` bytes for `stream`: nullptr with
-  // *error set as pool::DevicePool::allocate. May evict asynchronously past the soft limit.
+  // A tagged block (pool::DevicePool::allocate_offloadable) of `size` bytes for `stream`:
+  // nullptr with *error set as pool::DevicePool::allocate. May evict asynchronously past the soft limit.
   // Thread-safe.
   void* allocate_tagged(size_t size, cudaStream_t stream, std::string* error);
 

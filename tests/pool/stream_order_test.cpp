@@ -85,7 +85,7 @@ TEST_F(StreamOrder, AnotherStreamDoesNotGetABlockWhileItsStreamIsBusy) {
   deallocate(q, b_);
 }
 
-// deallocate_to_any (the eviction engine's free of tagged, own-span blocks): the freeing
+// deallocate_to_any (the eviction engine's free of tagged, offloadable blocks): the freeing
 // stream reuses the block at once, though the host has not seen its work complete (a host
 // runs ahead of the GPU); other streams get it once the event recorded at the free has
 // completed, without a device synchronization.
@@ -94,19 +94,19 @@ TEST_F(StreamOrder, ToAnyIsReusedAtOnceOnItsStreamAndByOthersAfterItsEvent) {
   ASSERT_CUDA_OK(gate.hold(a_));
   ASSERT_TRUE(gate.wait_entered());
   std::string error;
-  void* p = pool_->allocate_own_span(g_, a_, &error);
+  void* p = pool_->allocate_offloadable(g_, a_, &error);
   ASSERT_NE(nullptr, p) << error;
   ASSERT_CUDA_OK(cudaMemsetAsync(p, 0x11, g_, a_));
   ASSERT_TRUE(pool_->deallocate_to_any(p, a_).ok);
-  void* q = pool_->allocate_own_span(g_, a_, &error);
+  void* q = pool_->allocate_offloadable(g_, a_, &error);
   EXPECT_EQ(p, q) << "the freeing stream waited for its own work";
   ASSERT_TRUE(pool_->deallocate_to_any(q, a_).ok);
-  void* r = pool_->allocate_own_span(g_, b_, &error);
+  void* r = pool_->allocate_offloadable(g_, b_, &error);
   ASSERT_NE(nullptr, r) << error;
   EXPECT_TRUE(disjoint(p, r, g_)) << "stream B got the block while A's work on it is queued";
   gate.open();
   ASSERT_CUDA_OK(wait_for_stream(a_));
-  void* t = pool_->allocate_own_span(g_, c_, &error);
+  void* t = pool_->allocate_offloadable(g_, c_, &error);
   EXPECT_EQ(p, t) << "the event completed: any stream may reuse the block";
   ASSERT_TRUE(pool_->deallocate_to_any(r, b_).ok);
   ASSERT_TRUE(pool_->deallocate_to_any(t, c_).ok);
@@ -117,13 +117,13 @@ TEST_F(StreamOrder, ToAnyIsReusedAtOnceOnItsStreamAndByOthersAfterItsEvent) {
 // work, queued after that event, may still run.
 TEST_F(StreamOrder, ToAnyIsNotPromotedWhileAMergedNeighbourIsBusy) {
   std::string error;
-  void* both = pool_->allocate_own_span(2 * g_, a_, &error);
+  void* both = pool_->allocate_offloadable(2 * g_, a_, &error);
   ASSERT_NE(nullptr, both) << error;
   ASSERT_TRUE(pool_->deallocate_to_any(both, a_).ok);
   ASSERT_CUDA_OK(wait_for_stream(a_));
   // Two adjacent one-granule blocks out of the freed range (best fit: the range itself).
-  void* p = pool_->allocate_own_span(g_, a_, &error);
-  void* q = pool_->allocate_own_span(g_, a_, &error);
+  void* p = pool_->allocate_offloadable(g_, a_, &error);
+  void* q = pool_->allocate_offloadable(g_, a_, &error);
   ASSERT_NE(nullptr, p);
   ASSERT_NE(nullptr, q);
   ASSERT_EQ(address(p) + g_, address(q)) << "the case needs adjacent blocks";
@@ -134,7 +134,7 @@ TEST_F(StreamOrder, ToAnyIsNotPromotedWhileAMergedNeighbourIsBusy) {
   ASSERT_TRUE(gate.wait_entered());
   ASSERT_CUDA_OK(cudaMemsetAsync(q, 0x22, g_, a_));  // queued work on q
   deallocate(q, a_);  // an ordinary free: merges with p's free block on stream A
-  void* r = pool_->allocate_own_span(2 * g_, b_, &error);
+  void* r = pool_->allocate_offloadable(2 * g_, b_, &error);
   ASSERT_NE(nullptr, r) << error;
   EXPECT_TRUE(disjoint(p, r, 2 * g_)) << "stream B got the merged block while A's work on q is queued";
   gate.open();

@@ -473,6 +473,43 @@ TEST_F(EngineTest, MarkColdOnACapturingStreamIsRefusedAndTheBlockStaysInUse) {
   cudaStreamDestroy(capturing);
 }
 
+// Issue 13: small tagged blocks share granules. Eight 256 KiB blocks saved one after
+// another fill one granule (they took eight before); to free that granule all of them go to
+// the host, and each comes back byte for byte at its address.
+TEST_F(EngineTest, SmallBlocksShareAGranuleAndGoTogether) {
+  EngineOptions options;
+  options.horizon = 0;
+  const size_t granule = 2 * kMiB;  // cudasim's granularity, as a GPU's
+  start(2 * granule, options);
+  const size_t small = 256 * 1024;
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  for (int i = 0; i < 8; ++i) {
+    blocks.push_back(tagged(uint8_t(10 + i), small));
+    ASSERT_NE(nullptr, blocks.back());
+    handles.push_back(pack_cold(blocks.back()));
+  }
+  EXPECT_EQ(8 * small, stats().tagged_bytes);
+  EXPECT_EQ(0u, stats().tagged_waste_bytes);
+  ASSERT_EQ(granule, pool_->granularity());
+  EXPECT_EQ(granule, pool_->stats().mapped_bytes) << "eight small blocks on one granule";
+  std::string error;
+  void* big = pool_->allocate(2 * granule - kMiB, stream_, &error);  // needs both granules
+  ASSERT_NE(nullptr, big) << error;
+  EXPECT_EQ(8 * small, stats().evicted_bytes) << "every block on the granule left to free it";
+  EXPECT_EQ("", engine_->check_invariants());
+  EXPECT_EQ("", pool_->check_invariants());
+  ASSERT_TRUE(pool_->deallocate(big, stream_).ok);
+  for (int i = 7; i >= 0; --i) {
+    ASSERT_TRUE(engine_->unpack(handles[i], stream_).ok) << i;
+    EXPECT_TRUE(holds(blocks[i], uint8_t(10 + i), small)) << "block " << i;
+    ASSERT_TRUE(engine_->release(handles[i]).ok);
+    ASSERT_TRUE(engine_->free_tagged(blocks[i], stream_).ok);
+  }
+  EXPECT_EQ("", engine_->check_invariants());
+  EXPECT_EQ("", pool_->check_invariants());
+}
+
 TEST_F(EngineTest, WasteIsTheRoundingToWholeGranules) {
   start(64 * kMiB);
   void* p = tagged(1, 3 * kMiB + 100);
