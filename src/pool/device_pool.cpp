@@ -9,7 +9,9 @@
 //   * two adjacent free blocks never share a tag (they would have been merged);
 //   * every granule under a live or pending block is mapped unless the block is away
 //     (offloadable, given up by unmap_block); a granule is unmapped only when every block
-//     touching it is free with tag kAnyStream or live and away.
+//     touching it is free with tag kAnyStream or live and away;
+//   * live_on_[kind][g] counts the live blocks of each kind (ordinary, offloadable)
+//     touching granule g.
 #include "pool/device_pool.h"
 
 #include <algorithm>
@@ -64,11 +66,13 @@ struct Block {
 struct QuickKey {
   cudaStream_t stream;
   uint64_t size;
+  bool offloadable;  // freed by a block of that kind, taken back by one of the same kind
   bool operator==(const QuickKey&) const = default;
 };
 struct QuickKeyHash {
   size_t operator()(const QuickKey& k) const {
-    return std::hash<uintptr_t>()(reinterpret_cast<uintptr_t>(k.stream)) * 31 + std::hash<uint64_t>()(k.size);
+    return (std::hash<uintptr_t>()(reinterpret_cast<uintptr_t>(k.stream)) * 31 + std::hash<uint64_t>()(k.size)) * 2 +
+           k.offloadable;
   }
 };
 
@@ -143,9 +147,26 @@ class DevicePool::Impl {
   // Makes `b` free with `tag`, merged with free neighbours of the same tag; `serial`: the
   // release's serial when a promotion names it (0: a fresh one).
   void release_block(BlockIt b, cudaStream_t tag, uint64_t serial = 0);
-  // The best-fitting free block for `size` usable on `stream`, or end(). With `aligned`,
-  // the block must hold `size` bytes from its first granule boundary.
-  BlockIt find_fit(uint64_t size, cudaStream_t stream, bool aligned);
+  // The best-fitting free block for `size` usable on `stream` by a block of kind
+  // `offloadable`, or end(); *start: where in it the block goes. The block must hold `size`
+  // bytes that touch no granule closed_to() it (it may start at the next granule when its
+  // first one is closed), and with `aligned` start on a granule boundary.
+  BlockIt find_fit(uint64_t size, cudaStream_t stream, bool offloadable, bool aligned, uintptr_t* start);
+  // Whether blocks are placed for eviction (Note [Placing for eviction] in device_pool.h):
+  // under a limit below the card, once the pool has been refused memory, or past half its
+  // limit.
+  bool grouping() const { return limit_ < card_bytes_ || pressed_ || 2 * reserved_ >= limit_; }
+  // True when a new block of kind `offloadable` and `size` on `stream` must not touch
+  // granule `g` (always false unless grouping()).
+  bool closed_to(uint64_t g, bool offloadable, cudaStream_t stream, uint64_t size) const {
+    if (!grouping()) return false;
+    if (!offloadable) return live_on_[1][g] != 0;
+    if (size >= granularity_) return false;  // whole granules of its own (placed_size)
+    auto open = open_.find(stream);
+    return !(open != open_.end() && open->second == g) && (live_on_[0][g] != 0 || live_on_[1][g] != 0);
+  }
+  // Counts the block of `size` at `addr` on its granules in live_on_[row]: +1 or -1.
+  void count_on_granules(uintptr_t addr, uint64_t size, int row, int delta);
   // The quick path of allocate(): a block quick-listed for (stream, rounded), or nullptr.
   void* take_quick(uint64_t rounded, cudaStream_t stream, bool offloadable);
   // True when no block touching granule `g` needs its pages: each is free for any stream,
@@ -222,7 +243,7 @@ class DevicePool::Impl {
   };
   bool relieve(Relief relief, uint64_t bytes, cudaStream_t stream, std::unique_lock<std::mutex>& lock);
   bool call_reclaimer(uint64_t bytes, ReclaimMode mode, std::unique_lock<std::mutex>& lock);
-  void* take(BlockIt b, uint64_t size, cudaStream_t stream, bool offloadable, bool aligned, bool mapped_new);
+  void* take(BlockIt b, uintptr_t start, uint64_t size, cudaStream_t stream, bool offloadable, bool mapped_new);
   std::string oom_report(size_t requested, uint64_t rounded, const std::string& why) const;
   uint64_t granule_index(uintptr_t addr) const { return (addr - va_.base()) / granularity_; }
 
@@ -237,6 +258,12 @@ class DevicePool::Impl {
   std::map<uintptr_t, Block> blocks_;
   std::map<cudaStream_t, std::set<std::pair<uint64_t, uintptr_t>>> free_;
   std::vector<Granule> granules_;
+  // Per granule, the live blocks touching it: [0] ordinary, [1] offloadable (closed_to).
+  std::vector<uint32_t> live_on_[2];
+  // Per stream, the granule its last small offloadable block ended on: the one granule
+  // already holding blocks where its next may go while grouping().
+  std::unordered_map<cudaStream_t, uint64_t> open_;
+  bool pressed_ = false;  // a mapping was refused (the limit, or the device was full)
   std::vector<Pending> pending_;
   // deallocate_to_any's blocks: free on their stream at once, free for any stream once the
   // event completes, if no later release has merged into them (Block::serial).
@@ -277,24 +304,39 @@ DevicePool::Impl::Impl(const PoolOptions& options) : device_(options.device), ev
     va_ = cuda::VaReservation(va_size, granularity_);
   }
   granules_.resize(va_size / granularity_);
+  for (auto& counts : live_on_) counts.assign(granules_.size(), 0);
   index_insert(blocks_.emplace(va_.base(), Block{va_size, State::kFree, kAnyStream, {}}).first);
 }
 
-DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t stream, bool aligned) {
+DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t stream, bool offloadable,
+                                                     bool aligned, uintptr_t* start) {
   BlockIt best = blocks_.end();
   uint64_t best_size = UINT64_MAX;
   for (cudaStream_t tag : {stream, kAnyStream}) {
     auto it = free_.find(tag);
     if (it == free_.end()) continue;
     for (auto fit = it->second.lower_bound({size, 0}); fit != it->second.end() && fit->first < best_size; ++fit) {
-      const uint64_t head = aligned ? round_up(fit->second, granularity_) - fit->second : 0;
-      if (fit->first < head + size) continue;  // only an aligned request can miss here
+      // Only the free block's first and last granules can hold live blocks (the rest lie
+      // inside it); a granule closed to this block is left out.
+      uintptr_t lo = fit->second, hi = fit->second + fit->first;
+      if (closed_to(granule_index(lo), offloadable, stream, size))
+        lo = va_.base() + (granule_index(lo) + 1) * granularity_;
+      if (hi > lo && closed_to(granule_index(hi - 1), offloadable, stream, size))
+        hi = va_.base() + granule_index(hi - 1) * granularity_;
+      if (aligned) lo = round_up(lo, granularity_);
+      if (hi <= lo || hi - lo < size) continue;
       best_size = fit->first;
       best = blocks_.find(fit->second);
+      *start = lo;
       break;
     }
   }
   return best;
+}
+
+void DevicePool::Impl::count_on_granules(uintptr_t addr, uint64_t size, int row, int delta) {
+  std::vector<uint32_t>& counts = live_on_[row];
+  for (uint64_t g = granule_index(addr), last = granule_index(addr + size - 1); g <= last; ++g) counts[g] += delta;
 }
 
 bool DevicePool::Impl::granule_idle(uint64_t g) const {
@@ -318,6 +360,7 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
   const uint64_t created = missing > spare_.size() ? missing - spare_.size() : 0;
   if (reserved_ + created * granularity_ > limit_) {  // refuse before mapping anything
     *why = "the limit";
+    pressed_ = true;
     *lacking = reserved_ + created * granularity_ - limit_;
     return false;
   }
@@ -358,6 +401,7 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
       }
       if (!e.out_of_memory()) throw;
       *why = "the device's free memory";
+      pressed_ = true;
       *lacking = created * granularity_;  // how much the device lacks is not known
       return false;
     }
@@ -577,11 +621,11 @@ void DevicePool::Impl::flush_quick() {
   quick_blocks_ = 0;
 }
 
-void* DevicePool::Impl::take(BlockIt b, uint64_t size, cudaStream_t stream, bool offloadable, bool aligned,
+void* DevicePool::Impl::take(BlockIt b, uintptr_t start, uint64_t size, cudaStream_t stream, bool offloadable,
                              bool mapped_new) {
   index_erase(b);
-  if (aligned) {  // split off the part before the first granule boundary
-    const uint64_t head = round_up(b->first, granularity_) - b->first;
+  {  // split off the part before `start`
+    const uint64_t head = start - b->first;
     if (head) {
       Block rest{b->second.size - head, State::kFree, b->second.tag, {}};
       rest.serial = b->second.serial;
@@ -600,6 +644,8 @@ void* DevicePool::Impl::take(BlockIt b, uint64_t size, cudaStream_t stream, bool
   b->second.tag = stream;
   b->second.offloadable = offloadable;
   b->second.away = false;
+  count_on_granules(b->first, size, offloadable, +1);
+  if (offloadable && size < granularity_) open_[stream] = granule_index(b->first + size - 1);
   allocated_ += size;
   peak_allocated_ = std::max(peak_allocated_, allocated_);
   allocated_high_ = std::max(allocated_high_, allocated_);
@@ -609,14 +655,20 @@ void* DevicePool::Impl::take(BlockIt b, uint64_t size, cudaStream_t stream, bool
 }
 
 void* DevicePool::Impl::take_quick(uint64_t rounded, cudaStream_t stream, bool offloadable) {
-  auto q = quick_.find({stream, rounded});
+  auto q = quick_.find({stream, rounded, offloadable});
   if (q == quick_.end() || q->second.empty()) return nullptr;
   BlockIt b = q->second.back();
+  // The other kind may have come to its granules since it was freed.
+  if (closed_to(granule_index(b->first), offloadable, stream, rounded) ||
+      closed_to(granule_index(b->first + rounded - 1), offloadable, stream, rounded))
+    return nullptr;
   q->second.pop_back();
   --quick_blocks_;
   b->second.state = State::kLive;
   b->second.offloadable = offloadable;
   b->second.away = false;
+  count_on_granules(b->first, rounded, offloadable, +1);
+  if (offloadable) open_[stream] = granule_index(b->first + rounded - 1);
   allocated_ += rounded;
   peak_allocated_ = std::max(peak_allocated_, allocated_);
   allocated_high_ = std::max(allocated_high_, allocated_);
@@ -680,15 +732,15 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
                                Relief::kSynchronizeStream, Relief::kSynchronize, Relief::kReclaim};
   for (size_t step = 0; step <= std::size(kSteps); ++step) {
     if (step > 0 && !relieve(kSteps[step - 1], lacking, stream, lock)) continue;
-    BlockIt b = find_fit(rounded, stream, aligned);
+    uintptr_t start = 0;
+    BlockIt b = find_fit(rounded, stream, offloadable, aligned, &start);
     if (b == blocks_.end()) {
       why = "the pool's address range";
       continue;
     }
-    const uintptr_t start = aligned ? round_up(b->first, granularity_) : b->first;
     const uint64_t reserved_before = reserved_;
     if (!map_range(start, rounded, &why, &lacking)) continue;
-    return take(b, rounded, stream, offloadable, aligned, reserved_ != reserved_before);
+    return take(b, start, rounded, stream, offloadable, reserved_ != reserved_before);
   }
   ++num_ooms_;
   *error = oom_report(size, rounded, why);
@@ -800,6 +852,7 @@ bool DevicePool::Impl::record_events(const std::vector<cudaStream_t>& streams, s
 
 void DevicePool::Impl::count_free(BlockIt b) {
   allocated_ -= b->second.size;
+  count_on_granules(b->first, b->second.size, b->second.offloadable, -1);
   ++num_frees_;
 }
 
@@ -856,7 +909,7 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
     promotions_.push_back({addr, serial, stream, std::move(events.front())});
   } else if (!events.empty()) {
     hold_back(b, std::move(events), to_any ? kAnyStream : stream);
-  } else if (auto& list = quick_[{stream, block.size}];
+  } else if (auto& list = quick_[{stream, block.size, block.offloadable}];
              !to_any && !block.away && !(block.offloadable && block.size >= granularity_) &&  // own span
              list.size() < kQuickPerSize) {
     block.state = State::kQuick;
@@ -939,13 +992,19 @@ std::string DevicePool::Impl::check_invariants() const {
   uintptr_t at = va_.base();
   uint64_t live = 0, quick = 0, free_blocks = 0;
   std::vector<bool> needs_pages(granules_.size(), false);
+  std::vector<uint32_t> live_on[2];
+  for (auto& counts : live_on) counts.assign(granules_.size(), 0);
   const Block* prev = nullptr;
   for (const auto& [addr, b] : blocks_) {
     expect(addr == at, "block " + pointer_name(reinterpret_cast<void*>(addr)) + " does not follow its neighbour");
     expect(b.size > 0 && addr % kAlignment == 0 && b.size % kAlignment == 0,
            "block " + pointer_name(reinterpret_cast<void*>(addr)) + " is not 512-byte aligned and sized");
     at = addr + b.size;
-    if (b.state == State::kLive) live += b.size;
+    if (b.state == State::kLive) {
+      live += b.size;
+      for (uint64_t g = granule_index(addr), last = granule_index(addr + b.size - 1); g <= last; ++g)
+        ++live_on[b.offloadable][g];
+    }
     if (b.state == State::kQuick) ++quick;
     if (b.state == State::kFree) {
       ++free_blocks;
@@ -974,6 +1033,10 @@ std::string DevicePool::Impl::check_invariants() const {
   uint64_t mapped = 0;
   for (uint64_t g = 0; g < granules_.size(); ++g) {
     if (granules_[g].mapping) mapped += granularity_;
+    expect(live_on[0][g] == live_on_[0][g] && live_on[1][g] == live_on_[1][g],
+           "granule " + std::to_string(g) + " counts " + std::to_string(live_on_[0][g]) + " ordinary and " +
+               std::to_string(live_on_[1][g]) + " offloadable live blocks, but " + std::to_string(live_on[0][g]) +
+               " and " + std::to_string(live_on[1][g]) + " touch it");
     expect(!needs_pages[g] || granules_[g].mapping,
            "granule " + std::to_string(g) + " under a block in use is not mapped");
   }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -278,11 +279,11 @@ TEST_F(OwnSpan, FreeingTheNeighbourOfAnAwayBlockLeavesItsGranuleUnused) {
   make_pool(0);
   const size_t small = 256 * kKiB;
   void* a = own(small);
-  void* b = plain(small);
+  void* b = own(small);
   ASSERT_TRUE(a && b);
   uint64_t freed = 1;
   ASSERT_TRUE(pool().unmap_block(a, nullptr, &freed).ok);
-  EXPECT_EQ(0u, freed) << "a plain block shares the granule";
+  EXPECT_EQ(0u, freed) << "b shares the granule";
   EXPECT_TRUE(pool().deallocate(b, nullptr).ok);
   pool().empty_cache();
   EXPECT_EQ(0u, pool().stats().mapped_bytes) << "only an away block is left on the granule";
@@ -290,6 +291,76 @@ TEST_F(OwnSpan, FreeingTheNeighbourOfAnAwayBlockLeavesItsGranuleUnused) {
   ASSERT_TRUE(pool().map_block(a, DevicePool::MapWait::kNone).ok);
   std::memset(a, 1, small);
   EXPECT_TRUE(pool().deallocate(a, nullptr).ok);
+}
+
+// Under a limit (Note [Placing for eviction]), small offloadable blocks and ordinary ones
+// allocated in turn (a forward's saved activations between untagged tensors) never share a
+// granule: an ordinary block on a granule would keep it mapped when every offloadable block
+// on it is given up. Giving up all the offloadable blocks frees their granule.
+TEST_F(OwnSpan, UnderALimitSmallOffloadableBlocksKeepToGranulesOfTheirOwn) {
+  make_pool(64 * kMiB);
+  const size_t g = granularity();
+  const size_t small = g / 8;
+  std::vector<void*> tagged, others;
+  for (int i = 0; i < 8; ++i) {
+    tagged.push_back(own(small));
+    others.push_back(plain(small));
+    ASSERT_TRUE(tagged.back() && others.back());
+  }
+  std::set<uint64_t> tagged_granules, other_granules;
+  for (void* p : tagged) tagged_granules.insert(address(p) / g);
+  for (void* p : others) other_granules.insert(address(p) / g);
+  for (uint64_t gr : tagged_granules) EXPECT_EQ(0u, other_granules.count(gr)) << "granule " << gr << " is shared";
+  EXPECT_EQ(2 * g, pool().stats().mapped_bytes) << "each kind fills one granule";
+  uint64_t freed_total = 0;
+  for (void* p : tagged) {
+    uint64_t freed = 0;
+    ASSERT_TRUE(pool().unmap_block(p, nullptr, &freed).ok);
+    freed_total += freed;
+  }
+  EXPECT_EQ(g, freed_total) << "the offloadable blocks' granule went with the last of them";
+  EXPECT_EQ(g, pool().stats().mapped_bytes);
+  EXPECT_EQ("", pool().check_invariants());
+  // A block freed by one kind and taken by the other from the quick lists would mix them.
+  ASSERT_TRUE(pool().deallocate(others[0], nullptr).ok);
+  void* again = own(small);
+  ASSERT_NE(nullptr, again);
+  EXPECT_EQ(0u, other_granules.count(address(again) / g)) << "an offloadable block reused an ordinary granule's block";
+  EXPECT_EQ("", pool().check_invariants());
+  EXPECT_TRUE(pool().deallocate(again, nullptr).ok);
+  for (void* p : tagged) EXPECT_TRUE(pool().deallocate(p, nullptr).ok);
+  for (size_t i = 1; i < others.size(); ++i) EXPECT_TRUE(pool().deallocate(others[i], nullptr).ok);
+  EXPECT_EQ("", pool().check_invariants());
+}
+
+// Under a limit, a small offloadable block goes on the granule its stream's last one went
+// on, or on a granule no live block touches: never into a hole among older blocks, where it
+// would keep their granule mapped after they went cold and were given up together (a
+// forward's temporaries leave such holes). Without a limit the hole is reused (density
+// first: nothing is evicted).
+TEST_F(OwnSpan, UnderALimitASmallOffloadableBlockFillsNoHoleAmongOlderBlocks) {
+  for (const uint64_t limit : {uint64_t(64 * kMiB), uint64_t(0)}) {
+    SCOPED_TRACE(limit ? "under a limit" : "no limit");
+    make_pool(limit);
+    const size_t g = granularity();
+    const size_t small = g / 4;
+    std::vector<void*> first;
+    for (int i = 0; i < 4; ++i) first.push_back(own(small));  // fills one granule
+    void* next = own(small);                                  // opens the next one
+    ASSERT_TRUE(first[3] && next);
+    ASSERT_NE(address(first[0]) / g, address(next) / g);
+    ASSERT_TRUE(pool().deallocate(first[1], nullptr).ok);  // a hole among older blocks
+    void* again = own(small);
+    ASSERT_NE(nullptr, again);
+    if (limit) {
+      EXPECT_EQ(address(next) / g, address(again) / g) << "it went into the hole on the older granule";
+    } else {
+      EXPECT_EQ(address(first[0]) / g, address(again) / g) << "without a limit the hole is reused";
+    }
+    EXPECT_EQ("", pool().check_invariants());
+    for (void* p : {first[0], first[2], first[3], next, again}) EXPECT_TRUE(pool().deallocate(p, nullptr).ok);
+    pool_.reset();
+  }
 }
 
 }  // namespace

@@ -33,6 +33,13 @@ with VRAMSWAP_MIN_OFFLOAD_BYTES=65536, under --no-offload and under `run` with n
 the same results, and peak resident memory within 1% (small tagged blocks share granules,
 DevicePool::allocate_offloadable; each took a granule of its own before: 92 against 18 MiB).
 
+And small tensors evicted: train_transformer.py --batch 24 --heads 2 (its saved tensors are
+192 KiB to 1.1 MiB) with VRAMSWAP_MIN_OFFLOAD_BYTES=65536 under `run` at LIMIT_PERCENT of its
+--no-offload peak: the same results, evictions, no out-of-memory. Under a limit the pool
+places small tagged blocks for eviction (Note [Placing for eviction] in device_pool.h); placed
+as densely as possible they shared granules with untagged blocks and with blocks still in
+use, evicting them freed no page, and the run ran out of memory.
+
 Usage: python3 tests/python/test_vramswap_run.py   (exit status 0: every check held)
 Paths: VRAMSWAP_LIBRARY, VRAMSWAP_CUDASIM_DIR (as test_cpu_emulation.py).
 """
@@ -110,12 +117,23 @@ def main():
             run([py, "-m", "vramswap", "run"] + extra + ["--", "python3", str(SCRIPT), out(n + ".json"), "--batch", "12"],
                 {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_MIN_OFFLOAD_BYTES": "65536",
                  "VRAMSWAP_STATS_FILE": out(n + ".stats")}, tmp)
+        grouped = ["--batch", "24", "--heads", "2"]
+        run([py, "-m", "vramswap", "run", "--no-offload", "--", "python3", str(SCRIPT), out("grouped-peak.json")] + grouped,
+            {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out("grouped-peak.stats")}, tmp)
+        with open(out("grouped-peak.stats")) as f:
+            grouped_limit = (json.load(f)["peak_reserved_bytes"] * LIMIT_PERCENT // 100) // MIB * MIB
+        run([py, "-m", "vramswap", "run", "--", "python3", str(SCRIPT), out("grouped.json")] + grouped,
+            {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_MIN_OFFLOAD_BYTES": "65536",
+             "VRAMSWAP_LIMIT": str(grouped_limit), "VRAMSWAP_STATS_FILE": out("grouped.stats")}, tmp)
+        with open(out("grouped.stats")) as f:
+            grouped_stats = json.load(f)
         small = {}
         for n in ("small-peak", "small"):
             with open(out(n + ".stats")) as f:
                 small[n] = json.load(f)
         files = {n: Path(out(n + ".json")).read_text()
-                 for n in ("ref", "peak", "off", "wide-peak", "wide", "cnn-ref", "cnn", "small-peak", "small")}
+                 for n in ("ref", "peak", "off", "wide-peak", "wide", "cnn-ref", "cnn", "small-peak", "small",
+                           "grouped-peak", "grouped")}
         with open(out("off.stats")) as f:
             s = json.load(f)
         wide = {}
@@ -154,6 +172,14 @@ def main():
     check(cnn["num_evictions"] > 0 and cnn["num_ooms"] == 0 and cnn["peak_reserved_bytes"] <= cnn_limit,
           f"vramswap run, CNN: {cnn['num_evictions']} evictions, {cnn['num_ooms']} out-of-memory, peak "
           f"{cnn['peak_reserved_bytes'] / MIB:.0f} MiB within the limit")
+    check(files["grouped"] == files["grouped-peak"],
+          f"vramswap run, --batch 24 --heads 2 with VRAMSWAP_MIN_OFFLOAD_BYTES=65536 at {grouped_limit // MIB} MiB "
+          f"({LIMIT_PERCENT}% of its peak): results identical to --no-offload's")
+    check(grouped_stats["num_evictions"] > 0 and grouped_stats["num_ooms"] == 0 and
+          grouped_stats["peak_reserved_bytes"] <= grouped_limit,
+          f"vramswap run, small tensors under a limit: {grouped_stats['num_evictions']} evictions, "
+          f"{grouped_stats['num_ooms']} out-of-memory, peak {grouped_stats['peak_reserved_bytes'] / MIB:.0f} MiB "
+          "within the limit")
     print("PASS" if not failures else f"{len(failures)} check(s) failed")
     return 0 if not failures else 1
 

@@ -7,7 +7,7 @@ AdamW for a few steps, on random tokens with a fixed seed, and writes to OUT (JS
 of each step, a sha256 of each step's gradients (every parameter's .grad bytes, in order), a
 sha256 of the parameters after training, and a float sum of the last gradients.
 
-Usage: python3 train_transformer.py OUT [--steps N] [--batch B] [--vocab V]
+Usage: python3 train_transformer.py OUT [--steps N] [--batch B] [--vocab V] [--heads H]
 
 With --vocab 4096 the embedding and the head's weight are 1 MiB each (and so are their
 gradients and AdamW's two states): parameters large enough for vramswap to tag, were they
@@ -23,10 +23,10 @@ WIDTH, HEADS, FFN, LAYERS, SEQ = 64, 4, 128, 4, 64
 
 
 class LanguageModel(torch.nn.Module):
-    def __init__(self, vocab):
+    def __init__(self, vocab, heads=HEADS):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, WIDTH)
-        layer = torch.nn.TransformerEncoderLayer(WIDTH, HEADS, FFN, dropout=0.0,
+        layer = torch.nn.TransformerEncoderLayer(WIDTH, heads, FFN, dropout=0.0,
                                                  batch_first=True, norm_first=True)
         self.encoder = torch.nn.TransformerEncoder(layer, LAYERS)
         self.head = torch.nn.Linear(WIDTH, vocab)
@@ -49,10 +49,11 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=HEADS)
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = LanguageModel(a.vocab)
+    model = LanguageModel(a.vocab, a.heads)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     result = {"loss": [], "grad_sha256": []}
     for _ in range(a.steps):
