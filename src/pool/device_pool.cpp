@@ -187,10 +187,32 @@ class DevicePool::Impl {
   // Pages map_range() took and could not use: created ones are released (kept as spare
   // when CUDA refuses), recycled ones go back to the spare list.
   void give_back(cuda::PhysicalPages pages, bool was_spare);
-  // Checks pending events: blocks whose events all completed become free, and promoted
-  // blocks (deallocate_to_any) whose event completed become free for any stream.
-  void poll_pending();
-  // poll_pending() when a freed block waits for an event (the hot paths' cheap check).
+  // Checks pending events: blocks whose events all completed become free, and (with
+  // `promote`) promoted blocks (deallocate_to_any) whose event completed become free for
+  // any stream.
+  void poll_pending(bool promote = true);
+  // The allocations' check: pending frees, and promotions only while grouping(). With no
+  // pressure a promotion would only let other streams reuse the block; whether its event
+  // has completed when the next allocation looks depends on how far the GPU (or cudasim's
+  // stream threads) got, and a promoted block merges with its free neighbours, so best fit
+  // would place later blocks differently from run to run (the CNN of test_vramswap_run,
+  // with no limit: a peak of 158 or 162 MiB; 150 on every run with this).
+  void poll_before_allocating() {
+    const bool promote = !promotions_.empty() && grouping();
+    if (!pending_.empty() || promote) poll_pending(promote);
+    // Unpolled, they would pile up (an event each): drop, with no query, those whose block
+    // was reused or merged into a later release since, at doubling sizes (amortized O(1)).
+    if (!promote && promotions_.size() >= promotions_checked_ * 2 + 64) {
+      drop_stale_promotions();
+      promotions_checked_ = promotions_.size();
+    }
+  }
+  // The promotion's block, still free as that release left it, or end().
+  struct Promotion;
+  BlockIt promoted_block(const Promotion& p);
+  // Releases the promotions whose block is no longer free as their release left it.
+  void drop_stale_promotions();
+  // poll_pending() when a freed block waits for an event (the slow paths' cheap check).
   void poll_if_waiting() {
     if (!pending_.empty() || !promotions_.empty()) poll_pending();
   }
@@ -274,6 +296,7 @@ class DevicePool::Impl {
     cuda::Event event;
   };
   std::vector<Promotion> promotions_;
+  size_t promotions_checked_ = 0;  // promotions_.size() after the last drop_stale_promotions()
   uint64_t next_serial_ = 0;
   std::unordered_map<QuickKey, std::vector<BlockIt>, QuickKeyHash> quick_;
   uint64_t quick_blocks_ = 0;
@@ -488,21 +511,37 @@ void DevicePool::Impl::release_block(BlockIt b, cudaStream_t tag, uint64_t seria
   index_insert(b);
 }
 
-void DevicePool::Impl::poll_pending() {
+DevicePool::Impl::BlockIt DevicePool::Impl::promoted_block(const Promotion& p) {
+  auto b = blocks_.upper_bound(p.addr);
+  if (b == blocks_.begin()) return blocks_.end();
+  --b;  // the block that holds the freed address now
+  const bool still = b->second.state == State::kFree && b->second.tag == p.tag && b->second.serial == p.serial &&
+                     p.addr < b->first + b->second.size;
+  return still ? b : blocks_.end();
+}
+
+void DevicePool::Impl::drop_stale_promotions() {
   for (size_t i = 0; i < promotions_.size();) {
+    if (promoted_block(promotions_[i]) != blocks_.end()) {
+      ++i;
+      continue;
+    }
+    events_.release(std::move(promotions_[i].event));
+    promotions_[i] = std::move(promotions_.back());
+    promotions_.pop_back();
+  }
+}
+
+void DevicePool::Impl::poll_pending(bool promote) {
+  for (size_t i = 0; promote && i < promotions_.size();) {
     Promotion& p = promotions_[i];
     if (!p.event.query()) {
       ++i;
       continue;
     }
-    auto b = blocks_.upper_bound(p.addr);
-    if (b != blocks_.begin()) {
-      --b;  // the block that holds the freed address now
-      if (b->second.state == State::kFree && b->second.tag == p.tag && b->second.serial == p.serial &&
-          p.addr < b->first + b->second.size) {
-        index_erase(b);
-        release_block(b, kAnyStream);
-      }
+    if (BlockIt b = promoted_block(p); b != blocks_.end()) {
+      index_erase(b);
+      release_block(b, kAnyStream);
     }
     events_.release(std::move(p.event));
     promotions_[i] = std::move(promotions_.back());
@@ -687,7 +726,7 @@ void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* 
     return nullptr;
   }
   const uint64_t rounded = round_up(size, kAlignment);
-  poll_if_waiting();
+  poll_before_allocating();
   if (quick_blocks_) {
     if (void* p = take_quick(rounded, stream, false)) return p;
     // A miss: merge the quick lists so that best fit sees every cached block.
@@ -705,7 +744,7 @@ void* DevicePool::Impl::allocate_offloadable(size_t size, cudaStream_t stream, s
     *error = oom_report(size, size, "the pool's address range");
     return nullptr;
   }
-  poll_if_waiting();
+  poll_before_allocating();
   const uint64_t rounded = placed_size(size);
   if (rounded < granularity_) {
     // Below half a granule: placed as allocate() places any block (its quick lists

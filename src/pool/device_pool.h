@@ -187,7 +187,10 @@ class DevicePool {
   // wanted elsewhere soon (eviction's prefetches on a copy stream), where waiting for an
   // event beats a device synchronization, while the program's own stream reuses the block
   // without waiting (its host may run far ahead of the GPU). A block other streams used
-  // (record_stream) waits for all their events, then goes to any stream. Thread-safe.
+  // (record_stream) waits for all their events, then goes to any stream. Allocations look
+  // at completed events only while the pool places for eviction (Note [Placing for
+  // eviction]); with no pressure the block waits for the pool's next synchronization, so
+  // that placement does not depend on how far the GPU got. Thread-safe.
   Result deallocate_to_any(void* ptr, cudaStream_t stream);
 
   // How far a reclaimer may go: each mode is asked for in turn, with the pool's own

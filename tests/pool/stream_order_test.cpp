@@ -90,6 +90,8 @@ TEST_F(StreamOrder, AnotherStreamDoesNotGetABlockWhileItsStreamIsBusy) {
 // runs ahead of the GPU); other streams get it once the event recorded at the free has
 // completed, without a device synchronization.
 TEST_F(StreamOrder, ToAnyIsReusedAtOnceOnItsStreamAndByOthersAfterItsEvent) {
+  // Under a limit: the pool then looks at promotions on every allocation (see the next case).
+  pool_ = std::make_unique<DevicePool>(PoolOptions{0, 512 * kMiB});
   StreamGate gate;
   ASSERT_CUDA_OK(gate.hold(a_));
   ASSERT_TRUE(gate.wait_entered());
@@ -110,6 +112,30 @@ TEST_F(StreamOrder, ToAnyIsReusedAtOnceOnItsStreamAndByOthersAfterItsEvent) {
   EXPECT_EQ(p, t) << "the event completed: any stream may reuse the block";
   ASSERT_TRUE(pool_->deallocate_to_any(r, b_).ok);
   ASSERT_TRUE(pool_->deallocate_to_any(t, c_).ok);
+}
+
+// With no limit and no pressure, whether a block freed to any stream has become usable by
+// others by the time of the next allocation depends on how far the GPU got; placement must
+// not (the same script would peak differently from run to run): allocations do not look at
+// promotions then, and another stream gets fresh memory even once the event completed.
+TEST_F(StreamOrder, WithNoPressureAnotherStreamsAllocationDoesNotDependOnAFreesEvent) {
+  std::string error;
+  void* p = pool_->allocate_offloadable(g_, a_, &error);
+  ASSERT_NE(nullptr, p) << error;
+  ASSERT_TRUE(pool_->deallocate_to_any(p, a_).ok);
+  ASSERT_CUDA_OK(wait_for_stream(a_));  // the free's event has completed
+  void* t = pool_->allocate_offloadable(g_, c_, &error);
+  ASSERT_NE(nullptr, t) << error;
+  EXPECT_TRUE(disjoint(p, t, g_)) << "placement followed the event's completion";
+  void* q = pool_->allocate_offloadable(g_, a_, &error);
+  EXPECT_EQ(p, q) << "the freeing stream reuses it at once, as always";
+  ASSERT_TRUE(pool_->deallocate_to_any(q, a_).ok);
+  ASSERT_TRUE(pool_->deallocate_to_any(t, c_).ok);
+  pool_->empty_cache();  // synchronizes: every block is any stream's again
+  void* u = pool_->allocate_offloadable(g_, c_, &error);
+  ASSERT_NE(nullptr, u) << error;
+  ASSERT_TRUE(pool_->deallocate_to_any(u, c_).ok);
+  EXPECT_EQ("", pool_->check_invariants());
 }
 
 // A block freed to any stream that merges with a neighbour freed later on the same stream

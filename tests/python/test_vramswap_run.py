@@ -33,6 +33,10 @@ with VRAMSWAP_MIN_OFFLOAD_BYTES=65536, under --no-offload and under `run` with n
 the same results, and peak resident memory within 1% (small tagged blocks share granules,
 DevicePool::allocate_offloadable; each took a granule of its own before: 92 against 18 MiB).
 
+And the same CNN under `run` with no limit three times: the same peak_resident_bytes each
+time (a block freed to any stream no longer changes placement according to when its event
+completed: DevicePool::deallocate_to_any; the peak was 158 or 162 MiB from run to run).
+
 And small tensors evicted: train_transformer.py --batch 24 --heads 2 (its saved tensors are
 192 KiB to 1.1 MiB) with VRAMSWAP_MIN_OFFLOAD_BYTES=65536 under `run` at LIMIT_PERCENT of its
 --no-offload peak: the same results, evictions, no out-of-memory. Under a limit the pool
@@ -117,6 +121,12 @@ def main():
             run([py, "-m", "vramswap", "run"] + extra + ["--", "python3", str(SCRIPT), out(n + ".json"), "--batch", "12"],
                 {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_MIN_OFFLOAD_BYTES": "65536",
                  "VRAMSWAP_STATS_FILE": out(n + ".stats")}, tmp)
+        repeat_peaks = []
+        for i in range(3):
+            run([py, "-m", "vramswap", "run", "--", "python3", str(CNN), out(f"cnn-again{i}.json")] + CNN_ARGS,
+                {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out(f"cnn-again{i}.stats")}, tmp)
+            with open(out(f"cnn-again{i}.stats")) as f:
+                repeat_peaks.append(json.load(f)["peak_resident_bytes"])
         grouped = ["--batch", "24", "--heads", "2"]
         run([py, "-m", "vramswap", "run", "--no-offload", "--", "python3", str(SCRIPT), out("grouped-peak.json")] + grouped,
             {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out("grouped-peak.stats")}, tmp)
@@ -180,6 +190,9 @@ def main():
           f"vramswap run, small tensors under a limit: {grouped_stats['num_evictions']} evictions, "
           f"{grouped_stats['num_ooms']} out-of-memory, peak {grouped_stats['peak_reserved_bytes'] / MIB:.0f} MiB "
           "within the limit")
+    check(len(set(repeat_peaks)) == 1,
+          "vramswap run, CNN, no limit, three runs: the same peak_resident_bytes ("
+          + ", ".join(f"{p / MIB:.1f}" for p in repeat_peaks) + " MiB)")
     print("PASS" if not failures else f"{len(failures)} check(s) failed")
     return 0 if not failures else 1
 
