@@ -104,7 +104,7 @@ class DevicePool::Impl {
   void* allocate(size_t size, cudaStream_t stream, std::string* error);
   Result deallocate(void* ptr, cudaStream_t stream);
   Result record_stream(void* ptr, cudaStream_t stream);
-  void* allocate_offloadable(size_t size, cudaStream_t stream, std::string* error);
+  void* allocate_offloadable(size_t size, cudaStream_t stream, std::string* error, uint64_t* placed);
   Result unmap_block(void* ptr, bool* partly, uint64_t* freed);
   Result map_block(void* ptr, MapWait wait, cudaStream_t stream);
   Result deallocate_to_any(void* ptr, cudaStream_t stream);
@@ -156,12 +156,11 @@ class DevicePool::Impl {
   // under a limit below the card, once the pool has been refused memory, or past half its
   // limit.
   bool grouping() const { return limit_ < card_bytes_ || pressed_ || 2 * reserved_ >= limit_; }
-  // True when a new block of kind `offloadable` and `size` on `stream` must not touch
-  // granule `g` (always false unless grouping()).
-  bool closed_to(uint64_t g, bool offloadable, cudaStream_t stream, uint64_t size) const {
+  // True when a new block of kind `offloadable` on `stream` must not touch granule `g`
+  // (always false unless grouping()).
+  bool closed_to(uint64_t g, bool offloadable, cudaStream_t stream) const {
     if (!grouping()) return false;
     if (!offloadable) return live_on_[1][g] != 0;
-    if (size >= granularity_) return false;  // whole granules of its own (placed_size)
     auto open = open_.find(stream);
     return !(open != open_.end() && open->second == g) && (live_on_[0][g] != 0 || live_on_[1][g] != 0);
   }
@@ -173,7 +172,8 @@ class DevicePool::Impl {
   // or live and away (a pending block may still be touched by queued work).
   bool granule_idle(uint64_t g) const;
   // The common slow path of allocate() and allocate_offloadable().
-  void* allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool offloadable,
+  // With `aligned`, the block starts on a granule boundary.
+  void* allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool offloadable, bool aligned,
                       std::unique_lock<std::mutex>& lock, std::string* error);
   // Maps every unmapped granule under [addr, addr+size). False (with *why, and *lacking:
   // the bytes missing, all the new ones when the device is full), and nothing newly
@@ -342,9 +342,9 @@ DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t
       // Only the free block's first and last granules can hold live blocks (the rest lie
       // inside it); a granule closed to this block is left out.
       uintptr_t lo = fit->second, hi = fit->second + fit->first;
-      if (closed_to(granule_index(lo), offloadable, stream, size))
+      if (closed_to(granule_index(lo), offloadable, stream))
         lo = va_.base() + (granule_index(lo) + 1) * granularity_;
-      if (hi > lo && closed_to(granule_index(hi - 1), offloadable, stream, size))
+      if (hi > lo && closed_to(granule_index(hi - 1), offloadable, stream))
         hi = va_.base() + granule_index(hi - 1) * granularity_;
       if (aligned) lo = round_up(lo, granularity_);
       if (hi <= lo || hi - lo < size) continue;
@@ -684,7 +684,7 @@ void* DevicePool::Impl::take(BlockIt b, uintptr_t start, uint64_t size, cudaStre
   b->second.offloadable = offloadable;
   b->second.away = false;
   count_on_granules(b->first, size, offloadable, +1);
-  if (offloadable && size < granularity_) open_[stream] = granule_index(b->first + size - 1);
+  if (offloadable && size < granularity_ / 2) open_[stream] = granule_index(b->first + size - 1);
   allocated_ += size;
   peak_allocated_ = std::max(peak_allocated_, allocated_);
   allocated_high_ = std::max(allocated_high_, allocated_);
@@ -698,8 +698,8 @@ void* DevicePool::Impl::take_quick(uint64_t rounded, cudaStream_t stream, bool o
   if (q == quick_.end() || q->second.empty()) return nullptr;
   BlockIt b = q->second.back();
   // The other kind may have come to its granules since it was freed.
-  if (closed_to(granule_index(b->first), offloadable, stream, rounded) ||
-      closed_to(granule_index(b->first + rounded - 1), offloadable, stream, rounded))
+  if (closed_to(granule_index(b->first), offloadable, stream) ||
+      closed_to(granule_index(b->first + rounded - 1), offloadable, stream))
     return nullptr;
   q->second.pop_back();
   --quick_blocks_;
@@ -732,11 +732,13 @@ void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* 
     // A miss: merge the quick lists so that best fit sees every cached block.
     flush_quick();
   }
-  return allocate_slow(size, rounded, stream, false, lock, error);
+  return allocate_slow(size, rounded, stream, false, false, lock, error);
 }
 
-void* DevicePool::Impl::allocate_offloadable(size_t size, cudaStream_t stream, std::string* error) {
+void* DevicePool::Impl::allocate_offloadable(size_t size, cudaStream_t stream, std::string* error,
+                                             uint64_t* placed) {
   error->clear();
+  if (placed) *placed = 0;
   if (size == 0) return nullptr;
   std::unique_lock lock(mu_);
   if (size > va_.size() - granularity_) {
@@ -745,28 +747,33 @@ void* DevicePool::Impl::allocate_offloadable(size_t size, cudaStream_t stream, s
     return nullptr;
   }
   poll_before_allocating();
-  const uint64_t rounded = placed_size(size);
-  if (rounded < granularity_) {
+  const uint64_t dense = round_up(size, kAlignment);
+  void* p = nullptr;
+  if (dense < granularity_ / 2) {
     // Below half a granule: placed as allocate() places any block (its quick lists
-    // included), so that tagging changes no placement and costs no memory.
-    if (quick_blocks_) {
-      if (void* p = take_quick(rounded, stream, true)) return p;
+    // included), so that tagging costs no memory (under the rules of closed_to()).
+    if (quick_blocks_) p = take_quick(dense, stream, true);
+    if (!p) {
       flush_quick();
+      p = allocate_slow(size, dense, stream, true, false, lock, error);
     }
-    return allocate_slow(size, rounded, stream, true, lock, error);
+  } else {
+    // Larger: whole granules of its own while placing for eviction (its eviction frees all
+    // of it), else densely, as allocate() would place it (nothing is evicted).
+    flush_quick();
+    const bool own = grouping();
+    p = allocate_slow(size, own ? placed_size(size) : dense, stream, true, own, lock, error);
   }
-  flush_quick();
-  return allocate_slow(size, rounded, stream, true, lock, error);
+  if (p && placed) *placed = blocks_.at(reinterpret_cast<uintptr_t>(p)).size;
+  return p;
 }
 
 void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool offloadable,
-                                      std::unique_lock<std::mutex>& lock, std::string* error) {
+                                      bool aligned, std::unique_lock<std::mutex>& lock, std::string* error) {
   std::string why;
   // What the reclaimer is asked for: what the last refused mapping lacked, so that it gives
   // up no more than needed (every block it gives up must come back later).
   uint64_t lacking = rounded;
-  // A larger offloadable block gets whole granules of its own (placed_size rounded it).
-  const bool aligned = offloadable && rounded >= granularity_;
   constexpr Relief kSteps[] = {Relief::kUnusedGranules,     Relief::kReclaimNoWait,   Relief::kDrainPending,
                                Relief::kSynchronizeStream, Relief::kSynchronize, Relief::kReclaim};
   for (size_t step = 0; step <= std::size(kSteps); ++step) {
@@ -949,7 +956,7 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
   } else if (!events.empty()) {
     hold_back(b, std::move(events), to_any ? kAnyStream : stream);
   } else if (auto& list = quick_[{stream, block.size, block.offloadable}];
-             !to_any && !block.away && !(block.offloadable && block.size >= granularity_) &&  // own span
+             !to_any && !block.away && !(block.offloadable && block.size >= granularity_ / 2) &&  // own span
              list.size() < kQuickPerSize) {
     block.state = State::kQuick;
     block.tag = stream;
@@ -1120,8 +1127,8 @@ Result DevicePool::record_stream(void* ptr, cudaStream_t stream) { return impl_-
 void DevicePool::empty_cache() { impl_->empty_cache(); }
 PoolStats DevicePool::stats() const { return impl_->stats(); }
 DevicePool::Census DevicePool::live_below(uint64_t bytes) const { return impl_->live_below(bytes); }
-void* DevicePool::allocate_offloadable(size_t size, cudaStream_t stream, std::string* error) {
-  return impl_->allocate_offloadable(size, stream, error);
+void* DevicePool::allocate_offloadable(size_t size, cudaStream_t stream, std::string* error, uint64_t* placed) {
+  return impl_->allocate_offloadable(size, stream, error, placed);
 }
 Result DevicePool::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
   return impl_->unmap_block(ptr, partly, freed);

@@ -148,10 +148,13 @@ class DevicePool {
   // tagged ones). Below half a granule it is placed as allocate() would place it (quick
   // lists included), sharing granules with its neighbours, so that tagging costs no memory,
   // except that while the pool places for eviction (Note [Placing for eviction]) it shares
-  // them only with offloadable blocks allocated just before it; a larger one starts on a granule boundary and covers whole granules no other
-  // block touches (placed_size), never quick-listed: its eviction frees all of it, and its
-  // rounding wastes less than it would for a small block. Thread-safe.
-  void* allocate_offloadable(size_t size, cudaStream_t stream, std::string* error);
+  // them only with offloadable blocks allocated just before it. A larger one is placed
+  // densely too with no pressure (nothing is evicted then); while placing for eviction it
+  // starts on a granule boundary and covers whole granules no other block touches
+  // (placed_size), never quick-listed: its eviction frees all of it, and its rounding
+  // wastes less than it would for a small block. *placed (may be null): the bytes placed
+  // (0 on failure). Thread-safe.
+  void* allocate_offloadable(size_t size, cudaStream_t stream, std::string* error, uint64_t* placed = nullptr);
 
   // Gives up a live offloadable block's contents (the caller copied them elsewhere and
   // ordered this after all work using it): the block becomes *away*, and each granule under
@@ -212,8 +215,9 @@ class DevicePool {
   // The VMM allocation granularity of the device. Thread-safe (immutable).
   uint64_t granularity() const;
 
-  // The bytes allocate_offloadable(size) places: `size` in 512-byte units below half a
-  // granule, else whole granules. Thread-safe (immutable).
+  // The bytes allocate_offloadable(size) places while placing for eviction: `size` in
+  // 512-byte units below half a granule, else whole granules (with no pressure, always
+  // 512-byte units). Thread-safe (immutable).
   uint64_t placed_size(uint64_t size) const;
 
   // A consistent reading of the counters. Thread-safe.

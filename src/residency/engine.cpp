@@ -158,9 +158,9 @@ class Engine::Impl {
     return (uint64_t(device_) << kDeviceShift) | (uint64_t(slot) << kSlotShift) | slots_[slot].generation;
   }
   static uint32_t slot_of(uint64_t handle) { return uint32_t((handle >> kSlotShift) & kSlotMask); }
-  // Records a block the pool placed for an allocation of `size` bytes (the strong
-  // guarantee: on an exception nothing is recorded).
-  void register_block(void* p, size_t size);
+  // Records a block the pool placed (`placed` bytes) for an allocation of `size` bytes
+  // (the strong guarantee: on an exception nothing is recorded).
+  void register_block(void* p, size_t size, uint64_t placed);
   // Work a call does for later, after its own succeeded: landed copies, soft eviction.
   // A failure is logged, never returned: the call's result stands.
   void background(const char* after);
@@ -314,14 +314,15 @@ void Engine::Impl::update_peaks() {
 void* Engine::Impl::allocate_tagged(size_t size, cudaStream_t stream, std::string* error) {
   cuda::RelaxedCaptureScope relaxed;
   // The pool may call reclaim() (our lock) from here: not under mu_.
-  void* p = pool_.allocate_offloadable(size, stream, error);
+  uint64_t placed = 0;
+  void* p = pool_.allocate_offloadable(size, stream, error, &placed);
   if (!p) {
     if (!error->empty()) *error += " " + pressure_report();
     return nullptr;
   }
   std::lock_guard lock(mu_);
   try {
-    register_block(p, size);
+    register_block(p, size, placed);
   } catch (...) {
     // Not registered: the block goes back, so that a failed allocation holds nothing.
     pool_.deallocate(p, pool::any_stream());
@@ -333,7 +334,7 @@ void* Engine::Impl::allocate_tagged(size_t size, cudaStream_t stream, std::strin
   return p;
 }
 
-void Engine::Impl::register_block(void* p, size_t size) {
+void Engine::Impl::register_block(void* p, size_t size, uint64_t placed) {
   const auto addr = reinterpret_cast<uintptr_t>(p);
   uint32_t slot;
   if (!free_slots_.empty()) {
@@ -356,7 +357,7 @@ void Engine::Impl::register_block(void* p, size_t size) {
   s.live = true;
   s.addr = addr;
   s.requested = size;
-  s.placed = pool_.placed_size(size);
+  s.placed = placed;
   s.residency = Residency::kResident;
   st_.tagged_bytes += s.placed;
   st_.tagged_waste_bytes += s.placed - s.requested;

@@ -12,7 +12,8 @@
 //
 // * A tagged block is offloadable (pool::DevicePool::allocate_offloadable): below half a
 //   granule it is placed as any block and shares granules with its neighbours (no memory
-//   cost); a larger one has whole granules of its own. Giving a block's pages up
+//   cost); a larger one has whole granules of its own while the pool places for eviction
+//   (Note [Placing for eviction] in device_pool.h). Giving a block's pages up
 //   (unmap_block) unmaps the granules no block in use shares; a shared one goes with the
 //   last of its blocks, and the engine counts only what was unmapped. The VA stays
 //   reserved and the device pointer never changes.
@@ -86,7 +87,7 @@ struct EngineOptions {
 struct EngineStats {
   uint64_t resident_bytes = 0;        // mapped device memory of the pool (all blocks)
   uint64_t peak_resident_bytes = 0;   // the pool's peak (reset with the pool's peaks)
-  uint64_t tagged_bytes = 0;          // live tagged blocks, as placed (DevicePool::placed_size)
+  uint64_t tagged_bytes = 0;          // live tagged blocks, as placed (allocate_offloadable)
   uint64_t evictable_bytes = 0;       // cold, resident, outside the prefetch window
   uint64_t clean_bytes = 0;           // copied to the host and still mapped: given up at once
                                       // when memory is needed
