@@ -45,7 +45,10 @@ uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 // kQuick: freed on its tag's stream with nothing else to wait for, and kept whole, unmerged,
 // in quick_ for the next allocation of the same rounded size on that stream: the common
 // case of a training step (the same shapes every iteration) served in O(1).
-enum class State { kFree, kLive, kPending, kQuick };
+// kRetiring: a free block withheld (out of the free index, never merged) while
+// synchronize_and_retire() waits with the lock released; free for any stream after it. It
+// needs no pages: it may lie over granules an eviction unmapped.
+enum class State { kFree, kLive, kPending, kQuick, kRetiring };
 
 // At most this many blocks per (stream, size) stay in a quick list; more are merged into
 // the free index, so that the lists cannot hold a large share of the pool unmerged.
@@ -571,7 +574,7 @@ bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock
       continue;
     }
     for (auto& [size, addr] : it->second) {
-      blocks_.at(addr).state = State::kPending;
+      blocks_.at(addr).state = State::kRetiring;
       retiring.emplace_back(addr, tag);
     }
     it = free_.erase(it);
@@ -1037,7 +1040,7 @@ std::string DevicePool::Impl::check_invariants() const {
   };
   uintptr_t at = va_.base();
   uint64_t live = 0, quick = 0, free_blocks = 0;
-  std::vector<bool> needs_pages(granules_.size(), false);
+  std::vector<uintptr_t> needs_pages(granules_.size(), 0);  // a block that needs them
   std::vector<uint32_t> live_on[2];
   for (auto& counts : live_on) counts.assign(granules_.size(), 0);
   const Block* prev = nullptr;
@@ -1062,9 +1065,10 @@ std::string DevicePool::Impl::check_invariants() const {
     }
     expect(!b.away || (b.offloadable && (b.state == State::kLive || b.state == State::kPending)),
            "block " + pointer_name(reinterpret_cast<void*>(addr)) + " is away but not a live offloadable one");
-    if (b.state != State::kFree && !b.away)  // an evicted block may be freed, then pending
+    // An evicted block may be freed, then pending; a free one may be retiring.
+    if (b.state != State::kFree && b.state != State::kRetiring && !b.away)
       for (uint64_t g = granule_index(addr), last = granule_index(addr + b.size - 1); g <= last; ++g)
-        needs_pages[g] = true;
+        needs_pages[g] = addr;
     prev = &b;
   }
   expect(at == va_.base() + va_.size(), "the blocks do not cover the reservation");
@@ -1083,8 +1087,13 @@ std::string DevicePool::Impl::check_invariants() const {
            "granule " + std::to_string(g) + " counts " + std::to_string(live_on_[0][g]) + " ordinary and " +
                std::to_string(live_on_[1][g]) + " offloadable live blocks, but " + std::to_string(live_on[0][g]) +
                " and " + std::to_string(live_on[1][g]) + " touch it");
-    expect(!needs_pages[g] || granules_[g].mapping,
-           "granule " + std::to_string(g) + " under a block in use is not mapped");
+    if (needs_pages[g] && !granules_[g].mapping) {
+      const Block& b = blocks_.at(needs_pages[g]);
+      const char* state = b.state == State::kLive ? "live" : b.state == State::kPending ? "pending" : "quick-listed";
+      expect(false, "granule " + std::to_string(g) + " under a block in use is not mapped (block " +
+                        pointer_name(reinterpret_cast<void*>(needs_pages[g])) + ", " + format_size(b.size) + ", " +
+                        state + (b.offloadable ? ", offloadable" : "") + ")");
+    }
   }
   expect(mapped == mapped_, "mapped_bytes " + std::to_string(mapped_) + " but " + std::to_string(mapped) +
                                 " bytes of granules are mapped");
