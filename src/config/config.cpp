@@ -96,8 +96,8 @@ constexpr KeySpec kKeys[] = {
         "allocations past the limit fail. Unset: half of the host's memory (or of the cgroup's limit)."),
     key<KeyType::kSize, &Config::min_offload_bytes>(
         "VRAMSWAP_MIN_OFFLOAD_BYTES", "1MiB", "",
-        "Allocations at least this large made inside an offload scope are tagged (placed on their own pages "
-        "so that they can be evicted); smaller ones stay in the ordinary pool."),
+        "Allocations at least this large made inside an offload scope are tagged (offloadable: under "
+        "pressure they are placed so that evicting them frees pages); smaller ones stay in the ordinary pool."),
     key<KeyType::kCount, &Config::horizon>(
         "VRAMSWAP_HORIZON", "4", "0..1024",
         "How many of the blocks backward needs next are prefetched ahead of it and evicted only when nothing else can be; 0: no "

@@ -55,8 +55,8 @@
 // memory (nothing is evicted, so grouping would only cost). Measured in the CPU-emulation
 // mode (tests/python/test_vramswap_run.py): train_transformer.py --batch 24 --heads 2 with
 // VRAMSWAP_MIN_OFFLOAD_BYTES=64KiB at 60% of its peak ran out of memory with dense placement
-// and completes with about 90 evictions when placing for eviction; with no limit its peak
-// is unchanged (30-32 MiB); the simulated benchmark rows (large blocks) are unchanged.
+// and completes with 75-98 evictions (from run to run) when placing for eviction; with no
+// limit it peaks at 30 MiB, as untagged; the simulated benchmark rows are unchanged.
 // Not done: a granule is not fetched as a whole when the first of its blocks is unpacked,
 // and blocks still in use a long time (the residual stream) pin the granule they share
 // with saved ones.
