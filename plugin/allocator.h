@@ -32,7 +32,7 @@
 // engines_ before the pool, so a thread that sees a pool sees its engine. Routing:
 //   - allocate(): while the calling thread has an offload scope open (scope_push, depth
 //     > 0) and the request is at least VRAMSWAP_MIN_OFFLOAD_BYTES, the engine places a
-//     tagged block (own pages, evictable once packed and cold); otherwise the pool serves
+//     tagged block (offloadable, evictable once packed and cold); otherwise the pool serves
 //     it as before. The depth is per thread and per loaded library.
 //   - deallocate(): a tagged block goes back through the engine (free_tagged, correct in
 //     any residency state), every other block to the pool. The engine is asked only while
