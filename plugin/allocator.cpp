@@ -88,6 +88,7 @@ struct DeviceStats {
     e.num_clean_reuses += o.num_clean_reuses;
     e.num_verify_failures += o.num_verify_failures;
     e.tagged_waste_bytes += o.tagged_waste_bytes;
+    e.peak_tagged_waste_bytes += o.peak_tagged_waste_bytes;
     e.num_tracked_blocks += o.num_tracked_blocks;
     e.num_planned_steps += o.num_planned_steps;
     e.num_plan_divergences += o.num_plan_divergences;
@@ -127,6 +128,7 @@ void write_counters(stats::JsonWriter& json, const DeviceStats& d) {
       .field("num_clean_reuses", e.num_clean_reuses)
       .field("num_verify_failures", e.num_verify_failures)
       .field("tagged_waste_bytes", e.tagged_waste_bytes)
+      .field("peak_tagged_waste_bytes", e.peak_tagged_waste_bytes)
       .field("num_tracked_blocks", e.num_tracked_blocks)
       .field("num_planned_steps", e.num_planned_steps)
       .field("num_plan_divergences", e.num_plan_divergences)

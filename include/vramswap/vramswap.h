@@ -145,7 +145,7 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * (unpack found the block on the host with no copy under way), num_late_prefetches (unpack
  * found its copy still in flight), num_clean_reuses (unpack found a clean block: no copy
  * back was needed), num_verify_failures (VRAMSWAP_VERIFY), tagged_waste_bytes
- * (page rounding of tagged blocks), num_tracked_blocks (blocks with a live handle),
+ * (page rounding of tagged blocks), peak_tagged_waste_bytes, num_tracked_blocks (blocks with a live handle),
  * num_planned_steps (steps that followed the plan of the step before to their end,
  * VRAMSWAP_PLAN), num_plan_divergences (steps that stopped following it: a different
  * step), num_plan_backoffs (planned steps slower than the reactive policy's, each sending
@@ -159,7 +159,7 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
 size_t vramswap_stats_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;
 
 /* Resets every device's peaks (peak_allocated_bytes, peak_reserved_bytes,
- * peak_resident_bytes, peak_host_bytes) to their current values
+ * peak_resident_bytes, peak_host_bytes, peak_tagged_waste_bytes) to their current values
  * (torch.cuda.reset_peak_memory_stats). Thread-safe. */
 void vramswap_reset_peak_stats(void) VRAMSWAP_NOEXCEPT;
 

@@ -361,6 +361,7 @@ void Engine::Impl::register_block(void* p, size_t size, uint64_t placed) {
   s.residency = Residency::kResident;
   st_.tagged_bytes += s.placed;
   st_.tagged_waste_bytes += s.placed - s.requested;
+  st_.peak_tagged_waste_bytes = std::max(st_.peak_tagged_waste_bytes, st_.tagged_waste_bytes);
 }
 
 void Engine::Impl::background(const char* after) {
@@ -1218,6 +1219,7 @@ std::string Engine::Impl::check_invariants() {
 void Engine::Impl::reset_peaks() {
   std::lock_guard lock(mu_);
   st_.peak_host_bytes = host_.used_bytes();
+  st_.peak_tagged_waste_bytes = st_.tagged_waste_bytes;
 }
 
 Engine::Engine(pool::DevicePool& pool, const EngineOptions& options)

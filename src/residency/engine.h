@@ -104,6 +104,7 @@ struct EngineStats {
   uint64_t num_late_prefetches = 0;   // unpack found its fetch still in flight
   uint64_t num_verify_failures = 0;
   uint64_t tagged_waste_bytes = 0;    // placed minus requested, over live tagged blocks
+  uint64_t peak_tagged_waste_bytes = 0;  // its highest value (reset with the pool's peaks)
   uint64_t num_tracked_blocks = 0;    // blocks with a live handle
   uint64_t num_planned_steps = 0;     // steps that followed a plan to their end
   uint64_t num_plan_divergences = 0;  // steps that stopped following it (a different step)

@@ -741,6 +741,7 @@ TEST_F(Plugin, StatsJsonHasTheEngineKeysInTotalsAndPerDevice) {
                         "num_clean_reuses",
                         "num_verify_failures",
                         "tagged_waste_bytes",
+                        "peak_tagged_waste_bytes",
                         "num_tracked_blocks",
                         "num_planned_steps",
                         "num_plan_divergences",
@@ -1067,6 +1068,7 @@ TEST_F(PluginOffload, OnlyLargeEnoughAllocationsInsideAScopeAreTagged) {
   EXPECT_EQ(a.pack(static_cast<char*>(exact) + 4096, stream_), h);
   EXPECT_EQ(counter("tagged_bytes"), 2 * kMiB) << "one whole granule";
   EXPECT_EQ(counter("tagged_waste_bytes"), kMiB);
+  EXPECT_EQ(counter("peak_tagged_waste_bytes"), kMiB);
   // Neither foreign memory nor NULL is offloadable.
   int local = 0;
   EXPECT_EQ(a.pack(&local, stream_), 0u);

@@ -518,6 +518,9 @@ TEST_F(EngineTest, WasteIsTheRoundingToWholeGranules) {
   EXPECT_EQ(4 * kMiB - (3 * kMiB + 100), s.tagged_waste_bytes);
   ASSERT_TRUE(engine_->free_tagged(p, stream_).ok);
   EXPECT_EQ(0u, stats().tagged_waste_bytes);
+  EXPECT_EQ(4 * kMiB - (3 * kMiB + 100), stats().peak_tagged_waste_bytes) << "the peak stays after the free";
+  engine_->reset_peaks();
+  EXPECT_EQ(0u, stats().peak_tagged_waste_bytes) << "reset to the current value";
 }
 
 }  // namespace

@@ -119,7 +119,7 @@ def empty_cache():
 
 def reset_peak_stats():
     """Resets the peaks (peak_allocated_bytes, peak_reserved_bytes, peak_resident_bytes,
-    peak_host_bytes and so their torch names) to the current values."""
+    peak_host_bytes, peak_tagged_waste_bytes and so their torch names) to the current values."""
     from . import _lib
     _lib.lib().vramswap_reset_peak_stats()
 
