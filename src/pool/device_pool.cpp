@@ -171,8 +171,10 @@ class DevicePool::Impl {
   void count_on_granules(uintptr_t addr, uint64_t size, int row, int delta);
   // The quick path of allocate(): a block quick-listed for (stream, rounded), or nullptr.
   void* take_quick(uint64_t rounded, cudaStream_t stream, bool offloadable);
-  // True when no block touching granule `g` needs its pages: each is free for any stream,
-  // or live and away (a pending block may still be touched by queued work).
+  // True when `block` needs no pages under it: free for any stream, or live and away (a
+  // pending block, or one free for a stream, may still be touched by queued work).
+  static bool needs_no_pages(const Block& block);
+  // True when no block touching granule `g` needs its pages (needs_no_pages).
   bool granule_idle(uint64_t g) const;
   // The common slow path of allocate() and allocate_offloadable().
   // With `aligned`, the block starts on a granule boundary.
@@ -365,16 +367,16 @@ void DevicePool::Impl::count_on_granules(uintptr_t addr, uint64_t size, int row,
   for (uint64_t g = granule_index(addr), last = granule_index(addr + size - 1); g <= last; ++g) counts[g] += delta;
 }
 
+bool DevicePool::Impl::needs_no_pages(const Block& block) {
+  return (block.state == State::kFree && block.tag == kAnyStream) || (block.state == State::kLive && block.away);
+}
+
 bool DevicePool::Impl::granule_idle(uint64_t g) const {
   const uintptr_t start = va_.base() + g * granularity_, end = start + granularity_;
   auto b = blocks_.upper_bound(start);
   if (b != blocks_.begin()) --b;  // the block holding the granule's first byte
-  for (; b != blocks_.end() && b->first < end; ++b) {
-    const Block& block = b->second;
-    if (block.state == State::kFree && block.tag == kAnyStream) continue;
-    if (block.state == State::kLive && block.away) continue;
-    return false;  // queued work or a live block's contents may need its pages
-  }
+  for (; b != blocks_.end() && b->first < end; ++b)
+    if (!needs_no_pages(b->second)) return false;
   return true;
 }
 
@@ -453,7 +455,7 @@ void DevicePool::Impl::give_back(cuda::PhysicalPages pages, bool was_spare) {
 void DevicePool::Impl::unmap_unused() {
   std::vector<bool> busy(granules_.size(), false);
   for (auto& [addr, b] : blocks_) {
-    if ((b.state == State::kFree && b.tag == kAnyStream) || (b.state == State::kLive && b.away)) continue;
+    if (needs_no_pages(b)) continue;
     for (uint64_t g = granule_index(addr), last = granule_index(addr + b.size - 1); g <= last; ++g) busy[g] = true;
   }
   std::unique_ptr<cuda::ContextScope> scope;
@@ -750,24 +752,25 @@ void* DevicePool::Impl::allocate_offloadable(size_t size, cudaStream_t stream, s
     return nullptr;
   }
   poll_before_allocating();
-  const uint64_t dense = round_up(size, kAlignment);
+  uint64_t rounded = round_up(size, kAlignment);  // the block's size, whichever path takes it
   void* p = nullptr;
-  if (dense < granularity_ / 2) {
+  if (rounded < granularity_ / 2) {
     // Below half a granule: placed as allocate() places any block (its quick lists
     // included), so that tagging costs no memory (under the rules of closed_to()).
-    if (quick_blocks_) p = take_quick(dense, stream, true);
+    if (quick_blocks_) p = take_quick(rounded, stream, true);
     if (!p) {
       flush_quick();
-      p = allocate_slow(size, dense, stream, true, false, lock, error);
+      p = allocate_slow(size, rounded, stream, true, false, lock, error);
     }
   } else {
     // Larger: whole granules of its own while placing for eviction (its eviction frees all
     // of it), else densely, as allocate() would place it (nothing is evicted).
     flush_quick();
     const bool own = grouping();
-    p = allocate_slow(size, own ? placed_size(size) : dense, stream, true, own, lock, error);
+    if (own) rounded = placed_size(size);
+    p = allocate_slow(size, rounded, stream, true, own, lock, error);
   }
-  if (p && placed) *placed = blocks_.at(reinterpret_cast<uintptr_t>(p)).size;
+  if (p && placed) *placed = rounded;
   return p;
 }
 

@@ -92,12 +92,18 @@ def main():
         def out(name):
             return os.path.join(tmp, name)
 
+        def stats(name):  # the stats file a run wrote (VRAMSWAP_STATS_FILE=out(name + ".stats"))
+            with open(out(name + ".stats")) as f:
+                return json.load(f)
+
+        def limit_of(name):  # LIMIT_PERCENT of that run's peak reserve, in whole MiB
+            return (stats(name)["peak_reserved_bytes"] * LIMIT_PERCENT // 100) // MIB * MIB
+
         ref = run([py, str(SCRIPT), out("ref.json")], {}, tmp)
         run([py, "-m", "vramswap", "run", "--no-offload", "--", "python3", str(SCRIPT), out("peak.json")],
             {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out("peak.stats")}, tmp)
-        with open(out("peak.stats")) as f:
-            peak = json.load(f)["peak_reserved_bytes"]
-        limit = (peak * LIMIT_PERCENT // 100) // MIB * MIB
+        peak = stats("peak")["peak_reserved_bytes"]
+        limit = limit_of("peak")
         # VRAMSWAP_TORCH_DEVICE unset: no CUDA device here, so `run` picks the CPU-emulation mode.
         off = run([py, "-m", "vramswap", "run", "--", "python3", str(SCRIPT), out("off.json")],
                   {"VRAMSWAP_LIMIT": str(limit), "VRAMSWAP_HORIZON": "2",
@@ -109,14 +115,12 @@ def main():
         run([py, str(CNN), out("cnn-ref.json")] + CNN_ARGS, {}, tmp)
         run([py, "-m", "vramswap", "run", "--no-offload", "--", "python3", str(CNN), out("cnn-peak.json")] + CNN_ARGS,
             {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out("cnn-peak.stats")}, tmp)
-        with open(out("cnn-peak.stats")) as f:
-            cnn_peak = json.load(f)
-        cnn_limit = (cnn_peak["peak_reserved_bytes"] * LIMIT_PERCENT // 100) // MIB * MIB
+        cnn_peak = stats("cnn-peak")
+        cnn_limit = limit_of("cnn-peak")
         run([py, "-m", "vramswap", "run", "--", "python3", str(CNN), out("cnn.json")] + CNN_ARGS,
             {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_LIMIT": str(cnn_limit),
              "VRAMSWAP_STATS_FILE": out("cnn.stats")}, tmp)
-        with open(out("cnn.stats")) as f:
-            cnn = json.load(f)
+        cnn = stats("cnn")
         # Small saved tensors (all below 1 MiB at batch 12), tagged from 64 KiB: they share
         # granules, so tagging them costs no memory (each took a 2 MiB granule before: 92 MiB
         # against 18 MiB untagged).
@@ -128,31 +132,21 @@ def main():
         for i in range(3):
             run([py, "-m", "vramswap", "run", "--", "python3", str(CNN), out(f"cnn-again{i}.json")] + CNN_ARGS,
                 {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out(f"cnn-again{i}.stats")}, tmp)
-            with open(out(f"cnn-again{i}.stats")) as f:
-                repeat_peaks.append(json.load(f)["peak_resident_bytes"])
+            repeat_peaks.append(stats(f"cnn-again{i}")["peak_resident_bytes"])
         grouped = ["--batch", "24", "--heads", "2"]
         run([py, "-m", "vramswap", "run", "--no-offload", "--", "python3", str(SCRIPT), out("grouped-peak.json")] + grouped,
             {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out("grouped-peak.stats")}, tmp)
-        with open(out("grouped-peak.stats")) as f:
-            grouped_limit = (json.load(f)["peak_reserved_bytes"] * LIMIT_PERCENT // 100) // MIB * MIB
+        grouped_limit = limit_of("grouped-peak")
         run([py, "-m", "vramswap", "run", "--", "python3", str(SCRIPT), out("grouped.json")] + grouped,
             {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_MIN_OFFLOAD_BYTES": "65536",
              "VRAMSWAP_LIMIT": str(grouped_limit), "VRAMSWAP_STATS_FILE": out("grouped.stats")}, tmp)
-        with open(out("grouped.stats")) as f:
-            grouped_stats = json.load(f)
-        small = {}
-        for n in ("small-peak", "small"):
-            with open(out(n + ".stats")) as f:
-                small[n] = json.load(f)
+        grouped_stats = stats("grouped")
+        small = {n: stats(n) for n in ("small-peak", "small")}
         files = {n: Path(out(n + ".json")).read_text()
                  for n in ("ref", "peak", "off", "wide-peak", "wide", "cnn-ref", "cnn", "small-peak", "small",
                            "grouped-peak", "grouped")}
-        with open(out("off.stats")) as f:
-            s = json.load(f)
-        wide = {}
-        for n in ("wide-peak", "wide"):
-            with open(out(n + ".stats")) as f:
-                wide[n] = json.load(f)
+        s = stats("off")
+        wide = {n: stats(n) for n in ("wide-peak", "wide")}
 
     r = json.loads(files["ref"])
     print(f"     peak_reserved without offload {peak / MIB:.1f} MiB, limit {limit / MIB:.0f} MiB, "
