@@ -54,6 +54,10 @@ enum class State { kFree, kLive, kPending, kQuick, kRetiring };
 // the free index, so that the lists cannot hold a large share of the pool unmerged.
 constexpr size_t kQuickPerSize = 32;
 
+// find_fit's searches for a place on occupied, then on mapped, granules look at this many
+// free blocks each at most (the slow path stays bounded when none qualifies).
+constexpr size_t kMappedFitLooks = 64;
+
 struct Block {
   uint64_t size = 0;
   State state = State::kFree;
@@ -152,9 +156,13 @@ class DevicePool::Impl {
   void release_block(BlockIt b, cudaStream_t tag, uint64_t serial = 0);
   // The best-fitting free block for `size` usable on `stream` by a block of kind
   // `offloadable`, or end(); *start: where in it the block goes. The block must hold `size`
-  // bytes that touch no granule closed_to() it (it may start at the next granule when its
-  // first one is closed), and with `aligned` start on a granule boundary.
-  BlockIt find_fit(uint64_t size, cudaStream_t stream, bool offloadable, bool aligned, uintptr_t* start);
+  // bytes that touch no granule closed_to() it (unless not `strict`; it may start at the
+  // next granule when its first one is closed), with `aligned` start on a granule boundary,
+  // and, small and offloadable while grouping(), lie within one granule. While grouping(), a
+  // place that needs no granule without live blocks is preferred, then one that needs no
+  // new mapping (Note [Placing for eviction]).
+  BlockIt find_fit(uint64_t size, cudaStream_t stream, bool offloadable, bool aligned, uintptr_t* start,
+                   bool strict = true);
   // Whether blocks are placed for eviction (Note [Placing for eviction] in device_pool.h):
   // under a limit below the card, once the pool has been refused memory, or past half its
   // limit.
@@ -337,29 +345,61 @@ DevicePool::Impl::Impl(const PoolOptions& options) : device_(options.device), ev
 }
 
 DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t stream, bool offloadable,
-                                                     bool aligned, uintptr_t* start) {
-  BlockIt best = blocks_.end();
-  uint64_t best_size = UINT64_MAX;
-  for (cudaStream_t tag : {stream, kAnyStream}) {
-    auto it = free_.find(tag);
-    if (it == free_.end()) continue;
-    for (auto fit = it->second.lower_bound({size, 0}); fit != it->second.end() && fit->first < best_size; ++fit) {
-      // Only the free block's first and last granules can hold live blocks (the rest lie
-      // inside it); a granule closed to this block is left out.
-      uintptr_t lo = fit->second, hi = fit->second + fit->first;
-      if (closed_to(granule_index(lo), offloadable, stream))
-        lo = va_.base() + (granule_index(lo) + 1) * granularity_;
-      if (hi > lo && closed_to(granule_index(hi - 1), offloadable, stream))
-        hi = va_.base() + granule_index(hi - 1) * granularity_;
-      if (aligned) lo = round_up(lo, granularity_);
-      if (hi <= lo || hi - lo < size) continue;
-      best_size = fit->first;
-      best = blocks_.find(fit->second);
-      *start = lo;
-      break;
+                                                     bool aligned, uintptr_t* start, bool strict) {
+  // While placing for eviction, for a small block (below half a granule) a place that
+  // occupies no granule without live blocks comes first, then one on mapped granules: a
+  // small block put at the start of a free range over unmapped granules (or on a cached,
+  // idle granule) pins a page of its own while a hole on an occupied one waits. Those
+  // searches are bounded; then the first fit by size. (A larger block fills most of what it
+  // maps; tried for every size, the benchmark's rows moved both ways, geometric mean of
+  // step/bound 1.076 to 1.081; for small blocks only, 1.072.)
+  const int first_pass = grouping() && size < granularity_ / 2 ? 0 : 2;
+  for (int pass = first_pass; pass < 3; ++pass) {
+    auto acceptable = [&](uintptr_t a) {
+      if (pass == 2) return true;
+      for (uint64_t g = granule_index(a), last = granule_index(a + size - 1); g <= last; ++g)
+        if (!granules_[g].mapping || (pass == 0 && live_on_[0][g] == 0 && live_on_[1][g] == 0)) return false;
+      return true;
+    };
+    BlockIt best = blocks_.end();
+    uint64_t best_size = UINT64_MAX;
+    size_t looked = 0;
+    for (cudaStream_t tag : {stream, kAnyStream}) {
+      auto it = free_.find(tag);
+      if (it == free_.end()) continue;
+      for (auto fit = it->second.lower_bound({size, 0}); fit != it->second.end() && fit->first < best_size; ++fit) {
+        if (pass < 2 && ++looked > kMappedFitLooks) break;
+        // Only the free block's first and last granules can hold live blocks (the rest lie
+        // inside it); a granule closed to this block is left out.
+        uintptr_t lo = fit->second, hi = fit->second + fit->first;
+        if (strict && closed_to(granule_index(lo), offloadable, stream))
+          lo = va_.base() + (granule_index(lo) + 1) * granularity_;
+        if (strict && hi > lo && closed_to(granule_index(hi - 1), offloadable, stream))
+          hi = va_.base() + granule_index(hi - 1) * granularity_;
+        if (aligned) lo = round_up(lo, granularity_);
+        // A small offloadable block placed for eviction lies within one granule: fetching it
+        // back then needs one page, not two.
+        else if (offloadable && grouping() && granule_index(lo) != granule_index(lo + size - 1))
+          lo = round_up(lo + 1, granularity_);
+        if (hi <= lo || hi - lo < size) continue;
+        if (!acceptable(lo)) {
+          // The range's last granule may be acceptable where its first is not: the block
+          // goes at the end instead (within one granule, or aligned, as above).
+          const uintptr_t end_start = hi - size;
+          const bool keeps_rules = aligned ? end_start % granularity_ == 0
+                                           : !(offloadable && granule_index(end_start) != granule_index(hi - 1));
+          if (!keeps_rules || !acceptable(end_start)) continue;
+          lo = end_start;
+        }
+        best_size = fit->first;
+        best = blocks_.find(fit->second);
+        *start = lo;
+        break;
+      }
     }
+    if (best != blocks_.end()) return best;
   }
-  return best;
+  return blocks_.end();
 }
 
 void DevicePool::Impl::count_on_granules(uintptr_t addr, uint64_t size, int row, int delta) {
@@ -793,6 +833,15 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
     const uint64_t reserved_before = reserved_;
     if (!map_range(start, rounded, &why, &lacking)) continue;
     return take(b, start, rounded, stream, offloadable, reserved_ != reserved_before);
+  }
+  if (grouping()) {
+    // Placing for eviction is a preference, never a reason to fail: any hole on the mapped
+    // granules, closed ones included, before an out-of-memory.
+    uintptr_t start = 0;
+    BlockIt b = find_fit(rounded, stream, offloadable, aligned, &start, false);
+    const uint64_t reserved_before = reserved_;
+    if (b != blocks_.end() && map_range(start, rounded, &why, &lacking))
+      return take(b, start, rounded, stream, offloadable, reserved_ != reserved_before);
   }
   ++num_ooms_;
   *error = oom_report(size, rounded, why);

@@ -48,15 +48,27 @@
 //   * a small offloadable block (below half a granule) goes on the granule its stream's
 //     last one ended on, or on a granule no live block touches, never into a hole among
 //     older blocks: blocks saved one after another in the forward share granules, go cold
-//     together and are needed back together;
+//     together and are needed back together; and it lies within one granule (one that
+//     would cross a granule's end starts the next one), so that fetching it back needs one
+//     page, not two;
+//   * a small block of either kind goes where it needs no granule that holds no live
+//     block, when the free blocks offer such a place (at the start or at the end of a free
+//     block), else where it needs no new mapping, and only then where best fit puts it: a
+//     small block on a cached idle granule, or on a new one, pins that page for as long as
+//     it lives;
 //   * a quick-listed block is taken back only by a block of its own kind, and only where
 //     these rules allow.
+// These are preferences, never a reason to fail: once every measure against pressure has
+// failed, an allocation takes any hole on the mapped granules, closed ones included,
+// before it reports out of memory.
 // With no limit and no pressure the pool places densely, as it always did: tagging costs no
 // memory (nothing is evicted, so grouping would only cost). Measured in the CPU-emulation
-// mode (tests/python/test_vramswap_run.py): train_transformer.py --batch 24 --heads 2 with
-// VRAMSWAP_MIN_OFFLOAD_BYTES=64KiB at 60% of its peak ran out of memory with dense placement
-// and completes with 75-98 evictions (from run to run) when placing for eviction; with no
-// limit it peaks at 30 MiB, as untagged; the simulated benchmark rows are unchanged.
+// mode (tests/python/test_vramswap_run.py), with VRAMSWAP_MIN_OFFLOAD_BYTES=64KiB at 60% of
+// the peak: train_transformer.py --batch 24 --heads 2 ran out of memory with dense placement
+// and completes when placing for eviction; --batch 16 --heads 2 --vocab 128 (saved tensors
+// 64-768 KiB; 5 granules at that limit) completed only once the last three rules were
+// added, each of them needed (without any one it runs out of memory). With no limit both
+// peak as untagged; the simulated benchmark rows are unchanged.
 // Not done: a granule is not fetched as a whole when the first of its blocks is unpacked,
 // and blocks still in use a long time (the residual stream) pin the granule they share
 // with saved ones.

@@ -393,6 +393,88 @@ TEST_F(OwnSpan, UnderALimitASmallOffloadableBlockFillsNoHoleAmongOlderBlocks) {
   }
 }
 
+// Under a limit a small offloadable block lies within one granule: one that would run past
+// its granule's end starts on the next one. Fetched back, it then needs one page, not two
+// (a 384 KiB saved tensor over a granule boundary asked for two pages at a limit of five
+// and could not come back: train_transformer.py --batch 12 at 60% of its peak). Without a
+// limit, blocks are packed densely as before.
+TEST_F(OwnSpan, UnderALimitASmallOffloadableBlockLiesWithinOneGranule) {
+  for (const uint64_t limit : {uint64_t(64 * kMiB), uint64_t(0)}) {
+    SCOPED_TRACE(limit ? "under a limit" : "no limit");
+    make_pool(limit);
+    const size_t g = granularity();
+    const size_t size = 3 * g / 8;
+    std::vector<void*> blocks;
+    for (int i = 0; i < 3; ++i) blocks.push_back(own(size));  // the third would cross
+    ASSERT_TRUE(blocks[0] && blocks[1] && blocks[2]);
+    if (limit) {
+      for (void* p : blocks) EXPECT_EQ(address(p) / g, (address(p) + size - 1) / g) << "a block crosses a granule";
+      EXPECT_EQ(0u, address(blocks[2]) % g) << "it starts the next granule";
+    } else {
+      EXPECT_EQ(address(blocks[1]) + size, address(blocks[2])) << "densely, right after its neighbour";
+    }
+    EXPECT_EQ("", pool().check_invariants());
+    for (void* p : blocks) EXPECT_TRUE(pool().deallocate(p, nullptr).ok);
+    pool_.reset();
+  }
+}
+
+// Under a limit a block goes where it occupies no granule that holds no live block, when
+// such a place exists among the free blocks, before best fit: a granule cached idle (or one
+// mapped anew) that a small block lands on stays mapped for as long as that block lives.
+// Here best fit would take the whole idle granule 1; the block goes into the hole on
+// granule 3 next to a live block instead, and an empty_cache() then unmaps granules 1 and 4.
+TEST_F(OwnSpan, UnderALimitABlockGoesOnAnOccupiedGranuleBeforeAnIdleOne) {
+  for (const uint64_t limit : {uint64_t(64 * kMiB), uint64_t(0)}) {
+    SCOPED_TRACE(limit ? "under a limit" : "no limit");
+    make_pool(limit);
+    const size_t g = granularity();
+    void* a = plain(g);          // granule 0
+    void* b = plain(g);          // granule 1
+    void* c = plain(g);          // granule 2
+    void* d = plain(g / 2);      // the first half of granule 3
+    void* e = plain(g + g / 2);  // the rest of granule 3, and granule 4
+    void* f = plain(g / 8);      // granule 5
+    ASSERT_TRUE(a && b && c && d && e && f);
+    const uintptr_t base = address(a);
+    ASSERT_EQ(base + 5 * g, address(f));
+    ASSERT_TRUE(pool().deallocate(b, nullptr).ok);  // granule 1: idle, still mapped (cached)
+    ASSERT_TRUE(pool().deallocate(e, nullptr).ok);  // a hole of 1.5 granules from granule 3 on
+    void* x = plain(g / 4);
+    ASSERT_NE(nullptr, x);
+    if (limit) {
+      EXPECT_EQ(3u, (address(x) - base) / g) << "it went on the idle granule";
+      pool().empty_cache();
+      EXPECT_EQ(4 * g, pool().stats().mapped_bytes) << "granules 0, 2, 3 and 5";
+    } else {
+      EXPECT_EQ(1u, (address(x) - base) / g) << "without a limit, best fit";
+    }
+    EXPECT_EQ("", pool().check_invariants());
+    for (void* p : {a, c, d, f, x}) EXPECT_TRUE(pool().deallocate(p, nullptr).ok);
+    pool_.reset();
+  }
+}
+
+// Placing for eviction is a preference, never a reason to run out of memory: when the only
+// room within the limit is a hole on a granule closed to the block (an ordinary block next to
+// a live offloadable one, or an offloadable one away from its stream's open granule), the
+// block goes there.
+TEST_F(OwnSpan, PlacingForEvictionNeverCausesAnOutOfMemory) {
+  const size_t g = granularity();
+  make_pool(2 * g);
+  void* tagged = own(g / 4);          // granule 0, its stream's open granule
+  void* other = plain(g - g / 8);     // closed granule 0: granule 1
+  ASSERT_TRUE(tagged && other);
+  ASSERT_NE(address(tagged) / g, address(other) / g);
+  ASSERT_EQ(2 * g, pool().stats().mapped_bytes);
+  void* more = plain(g / 2);  // fits only beside the offloadable block
+  ASSERT_NE(nullptr, more);
+  EXPECT_EQ(address(tagged) / g, address(more) / g);
+  EXPECT_EQ(2 * g, pool().stats().mapped_bytes);
+  EXPECT_EQ("", pool().check_invariants());
+  for (void* p : {tagged, other, more}) EXPECT_TRUE(pool().deallocate(p, nullptr).ok);
+}
+
 // A free block retired by a device synchronization (empty_cache, or pressure) is withheld
 // while the pool waits with its lock released; it may lie over granules an eviction
 // unmapped. check_invariants() from another thread meanwhile must not count it as a block
