@@ -69,9 +69,10 @@
 // 64-768 KiB; 5 granules at that limit) completed only once the last three rules were
 // added, each of them needed (without any one it runs out of memory). With no limit both
 // peak as untagged; the simulated benchmark rows are unchanged.
-// Not done: a granule is not fetched as a whole when the first of its blocks is unpacked,
-// and blocks still in use a long time (the residual stream) pin the granule they share
-// with saved ones.
+// (The engine fetches a shared granule's evicted blocks together: Note [A shared granule
+// comes back whole] in engine.cpp.) Not done: ordinary blocks that live long (gradients,
+// optimizer state allocated in the first backward) still pin granules they share with
+// saved ones once placed there by the last-resort rule.
 //
 // Thread safety: one mutex per pool guards all state. It is never held across a
 // synchronization (event waits happen with the lock released); mapping calls are made

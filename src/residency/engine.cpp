@@ -187,6 +187,10 @@ class Engine::Impl {
   // Maps the block's pages again and starts the H2D copy. `stream` (kPlanned only): the
   // caller's stream, which the pool may synchronize for the memory.
   Status start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream = nullptr);
+  // After a fetch of a small block (below half a granule: it shares its granule) started:
+  // starts the fetches of the evicted blocks that lie wholly on the granules it needed, now
+  // mapped for it (Note [A shared granule comes back whole]).
+  void fetch_granule_mates(uint32_t slot);
   // With no fetch in flight: the next evicted block past the window, if memory below the
   // soft limit is free for it now (nothing is given up or waited for). See Note [Fetch ahead].
   void fetch_ahead();
@@ -820,7 +824,36 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
   in_flight_.push_back(slot);
   st_.in_flight_bytes += s.placed;
   st_.bytes_prefetched_total += s.requested;
+  if (kind != Fetch::kAhead) fetch_granule_mates(slot);
   return {};
+}
+
+// Note [A shared granule comes back whole]
+// ----------------------------------------
+// Small tagged blocks saved one after another share granules (Note [Placing for eviction]
+// in device_pool.h); a granule's pages go only when all of them are away, so they leave
+// together, and backward needs them back together. When the first of them is fetched the
+// granule is mapped for it anyway: the others' copies start with it (as fetches ahead:
+// kAhead maps nothing new, and they are counted as prefetches), so that backward finds them
+// on their way instead of faulting one by one. A block that runs onto a granule the fetch did
+// not map waits for its own fetch.
+void Engine::Impl::fetch_granule_mates(uint32_t slot) {
+  const uint64_t g = pool_.granularity();
+  const Slot& s = slots_[slot];
+  if (g == 0 || s.placed >= g / 2) return;
+  // Fetched early, the others hold the granule until the last of them is used, where alone
+  // it would go between their uses: only below the soft limit, as fetches ahead.
+  const uint64_t soft = options_.soft_limit_bytes > 0 ? options_.soft_limit_bytes : pool_.stats().limit_bytes;
+  if (pool_.stats().mapped_bytes > soft) return;
+  const uintptr_t lo = s.addr / g * g, hi = (s.addr + s.placed + g - 1) / g * g;
+  std::vector<uint32_t> mates;
+  for (auto it = by_addr_.lower_bound(lo); it != by_addr_.end() && it->first < hi; ++it) {
+    const Slot& m = slots_[it->second];
+    if (it->second != slot && m.live && m.residency == Residency::kEvicted && !m.pages_kept && m.addr + m.placed <= hi)
+      mates.push_back(it->second);
+  }
+  for (uint32_t m : mates)
+    if (start_fetch(m, Fetch::kAhead).ok) ++st_.num_prefetches;
 }
 
 void Engine::Impl::finish(uint32_t slot) {

@@ -99,7 +99,7 @@ TEST(Table, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c.soft_limit.basis_points, 9000u);
   EXPECT_EQ(c.resolve_soft_limit(100 * kMiB), 90 * kMiB);
   EXPECT_EQ(c.host_limit, std::nullopt);
-  EXPECT_EQ(c.min_offload_bytes, kMiB);
+  EXPECT_EQ(c.min_offload_bytes, 64 * 1024u);
   EXPECT_EQ(c.horizon, 4u);
   EXPECT_FALSE(c.verify);
 }
@@ -616,7 +616,7 @@ TEST(Describe, OneLinePerKeyAllDefault) {
   std::vector<std::string> got = lines(describe(Config()));
   EXPECT_EQ(got, (std::vector<std::string>{"VRAMSWAP_LIMIT=0 (default)", "VRAMSWAP_SOFT_LIMIT=90% (default)",
                                             "VRAMSWAP_HOST_LIMIT= (default)",
-                                            "VRAMSWAP_MIN_OFFLOAD_BYTES=1MiB (default)",
+                                            "VRAMSWAP_MIN_OFFLOAD_BYTES=64KiB (default)",
                                             "VRAMSWAP_HORIZON=4 (default)", "VRAMSWAP_PLAN=auto (default)",
                                             "VRAMSWAP_VERIFY=0 (default)",
                                             "VRAMSWAP_LOG=warn (default)", "VRAMSWAP_STATS_FILE= (default)"}));
@@ -633,7 +633,7 @@ TEST(Describe, MentionsEveryKeyAndMarksWhatWasSet) {
   for (size_t i = 0; i < keys().size(); ++i) EXPECT_TRUE(got[i].starts_with(std::string(keys()[i].name) + "="));
   EXPECT_EQ(got, (std::vector<std::string>{
                      "VRAMSWAP_LIMIT=16GiB (set; default: 0)", "VRAMSWAP_SOFT_LIMIT=90% (default)",
-                     "VRAMSWAP_HOST_LIMIT=32GiB (set; default: unset)", "VRAMSWAP_MIN_OFFLOAD_BYTES=1MiB (default)",
+                     "VRAMSWAP_HOST_LIMIT=32GiB (set; default: unset)", "VRAMSWAP_MIN_OFFLOAD_BYTES=64KiB (default)",
                      "VRAMSWAP_HORIZON=4 (default)", "VRAMSWAP_PLAN=auto (default)",
                      "VRAMSWAP_VERIFY=1 (set; default: 0)",
                      "VRAMSWAP_LOG=warn (default)", "VRAMSWAP_STATS_FILE=/tmp/s.json (set; default: unset)"}));
@@ -695,7 +695,7 @@ TEST(MarkdownTable, RowsShowDefaultAndAcceptedForm) {
       "as 80% | ",
       "| `VRAMSWAP_HOST_LIMIT` | unset | a size such as 8GiB, 512MiB or 1073741824 of at least 2MiB (empty: the "
       "default) | ",
-      "| `VRAMSWAP_MIN_OFFLOAD_BYTES` | `1MiB` | a size such as 8GiB, 512MiB or 1073741824 | ",
+      "| `VRAMSWAP_MIN_OFFLOAD_BYTES` | `64KiB` | a size such as 8GiB, 512MiB or 1073741824 | ",
       "| `VRAMSWAP_HORIZON` | `4` | an integer of at most 1024 | ",
       "| `VRAMSWAP_PLAN` | `auto` | one of auto, off | ",
       "| `VRAMSWAP_VERIFY` | `0` | 1, 0, true, false, yes, no, on or off | ",

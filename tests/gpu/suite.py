@@ -88,8 +88,8 @@ LIMIT_GRANULE = 2 * MIB
 # measurement). tiny: for --cpu-sim (cudasim, reference BLAS on one core: about a second a
 # step) and quick checks, the same workload on a GPU. Its attention is explicit, in fp32,
 # with 16 heads of width 8, so that the saved attention probabilities (8 MiB a block,
-# evictable) outweigh the batch x seq x d_model tensors, which at 256 KiB stay below
-# VRAMSWAP_MIN_OFFLOAD_BYTES (1 MiB) and are never evicted.
+# evictable) outweigh the batch x seq x d_model tensors of 256 KiB (tagged too at the default
+# VRAMSWAP_MIN_OFFLOAD_BYTES, 64 KiB; they share pages).
 SIZES = {
     "default": {"layers": 16, "d_model": 2048, "heads": 16, "seq": 2048, "batch": 16, "vocab": 32768,
                 "horizon": 4, "dtype": "bf16", "attention": "auto"},

@@ -889,7 +889,7 @@ class PluginOffload : public Plugin {
 TEST_F(PluginOffload, OutOfMemoryWithLittleTaggedNamesTheThreshold) {
   push();
   std::vector<void*> small;
-  const size_t kSmall = 256 * 1024;  // below the default threshold of 1 MiB
+  const size_t kSmall = 32 * 1024;  // below the default threshold of 64 KiB
   for (size_t i = 0; i < 2 * limit_ / kSmall; ++i) {
     void* p = a.malloc(kSmall, 0, stream_);
     if (!p) break;
@@ -897,7 +897,7 @@ TEST_F(PluginOffload, OutOfMemoryWithLittleTaggedNamesTheThreshold) {
   }
   const std::string error = last_error();
   ASSERT_LT(small.size(), 2 * limit_ / kSmall) << "no out-of-memory";
-  EXPECT_NE(error.find("VRAMSWAP_MIN_OFFLOAD_BYTES (1 MiB)"), std::string::npos) << error;
+  EXPECT_NE(error.find("VRAMSWAP_MIN_OFFLOAD_BYTES (64 KiB)"), std::string::npos) << error;
   EXPECT_NE(error.find(" are in " + std::to_string(small.size()) + " blocks smaller than that"), std::string::npos)
       << error;
   EXPECT_NE(error.find("Only 0 B of the "), std::string::npos) << error;
@@ -1055,20 +1055,28 @@ TEST_F(PluginOffload, OnlyLargeEnoughAllocationsInsideAScopeAreTagged) {
   EXPECT_EQ(a.pack(outside, stream_), 0u) << "allocated outside any scope";
   EXPECT_STREQ(a.last_error(), "") << "not offloadable is not an error";
   push();
-  void* small = a.malloc(kMiB - 512, 0, stream_);  // below VRAMSWAP_MIN_OFFLOAD_BYTES (1 MiB)
-  void* exact = a.malloc(kMiB, 0, stream_);        // at it
+  void* small = a.malloc(64 * 1024 - 512, 0, stream_);  // below VRAMSWAP_MIN_OFFLOAD_BYTES (64 KiB)
+  void* exact = a.malloc(64 * 1024, 0, stream_);        // at it
   ASSERT_NE(small, nullptr) << last_error();
   ASSERT_NE(exact, nullptr) << last_error();
   EXPECT_EQ(a.pack(small, stream_), 0u);
   EXPECT_STREQ(a.last_error(), "");
   const uint64_t h = a.pack(exact, stream_);
   EXPECT_NE(h, 0u);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(exact) % (2 * kMiB), 0u) << "a tagged block starts on its own granule";
+  EXPECT_EQ(counter("tagged_bytes"), 64 * 1024) << "below half a granule: placed in 512-byte units";
+  EXPECT_EQ(counter("tagged_waste_bytes"), 0u);
+  // Half a granule or more, under a limit: whole granules of its own.
+  void* big = a.malloc(kMiB, 0, stream_);
+  ASSERT_NE(big, nullptr) << last_error();
+  const uint64_t hb = a.pack(big, stream_);
+  EXPECT_NE(hb, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big) % (2 * kMiB), 0u) << "a larger tagged block starts on its own granule";
   // An address inside the block names it too, with the same handle (a second reference).
   EXPECT_EQ(a.pack(static_cast<char*>(exact) + 4096, stream_), h);
-  EXPECT_EQ(counter("tagged_bytes"), 2 * kMiB) << "one whole granule";
+  EXPECT_EQ(counter("tagged_bytes"), 64 * 1024 + 2 * kMiB) << "one whole granule for the larger one";
   EXPECT_EQ(counter("tagged_waste_bytes"), kMiB);
   EXPECT_EQ(counter("peak_tagged_waste_bytes"), kMiB);
+  EXPECT_EQ(a.release(hb), 0) << last_error();
   // Neither foreign memory nor NULL is offloadable.
   int local = 0;
   EXPECT_EQ(a.pack(&local, stream_), 0u);
@@ -1080,6 +1088,7 @@ TEST_F(PluginOffload, OnlyLargeEnoughAllocationsInsideAScopeAreTagged) {
   EXPECT_EQ(a.release(h), -1) << "the third release is one too many";
   a.free(small, 0, 0, stream_);
   a.free(exact, 0, 0, stream_);
+  a.free(big, 0, 0, stream_);
   a.free(outside, 0, 0, stream_);
   EXPECT_STREQ(a.last_error(), "");
   expect_nothing_tagged_left();

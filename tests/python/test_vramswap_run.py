@@ -29,7 +29,7 @@ its activations, 6.9 MiB at batch 24 on 56x56 images, are not whole pages) plain
 evictions, no out-of-memory.
 
 And small tensors tagged: train_transformer.py --batch 12 (every saved tensor below 1 MiB)
-with VRAMSWAP_MIN_OFFLOAD_BYTES=65536, under --no-offload and under `run` with no limit:
+at the default VRAMSWAP_MIN_OFFLOAD_BYTES (64 KiB), under --no-offload and under `run` with no limit:
 the same results, and peak resident memory within 1% (small tagged blocks share granules,
 DevicePool::allocate_offloadable; each took a granule of its own before: 92 against 18 MiB).
 
@@ -40,11 +40,18 @@ within 1% of --no-offload's (with no pressure its 6.9 MiB activations are placed
 not rounded to whole granules: 150 MiB against 132 before).
 
 And small tensors evicted: train_transformer.py --batch 24 --heads 2 (its saved tensors are
-192 KiB to 1.1 MiB) with VRAMSWAP_MIN_OFFLOAD_BYTES=65536 under `run` at LIMIT_PERCENT of its
---no-offload peak: the same results, evictions, no out-of-memory. Under a limit the pool
-places small tagged blocks for eviction (Note [Placing for eviction] in device_pool.h); placed
-as densely as possible they shared granules with untagged blocks and with blocks still in
-use, evicting them freed no page, and the run ran out of memory.
+64 KiB to 1.5 MiB) at the default settings under `run` at LIMIT_PERCENT of its --no-offload
+peak: the same results, evictions, no out-of-memory. Under a limit the pool places small
+tagged blocks for eviction (Note [Placing for eviction] in device_pool.h); placed as densely
+as possible they shared granules with untagged blocks and with blocks still in use, evicting
+them freed no page, and the run ran out of memory.
+
+And the issue's proof at the default settings: a 4-layer GPT-style model that saves only
+tensors below 1 MiB (train_transformer.py --batch 16 --heads 2 --vocab 128; the largest
+tensor autograd saves, noted by a plain run with --largest-saved, is 512 KiB), under `run` at
+LIMIT_PERCENT of its --no-offload peak (10 MiB: five 2 MiB granules), with no VRAMSWAP_*
+setting but the limit: results byte-identical to plain torch's, evictions, no out-of-memory.
+At the old default (1 MiB) nothing was tagged and it ran out of memory with 0 evictions.
 
 Usage: python3 tests/python/test_vramswap_run.py   (exit status 0: every check held)
 Paths: VRAMSWAP_LIBRARY, VRAMSWAP_CUDASIM_DIR (as test_cpu_emulation.py).
@@ -121,13 +128,12 @@ def main():
             {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_LIMIT": str(cnn_limit),
              "VRAMSWAP_STATS_FILE": out("cnn.stats")}, tmp)
         cnn = stats("cnn")
-        # Small saved tensors (all below 1 MiB at batch 12), tagged from 64 KiB: they share
-        # granules, so tagging them costs no memory (each took a 2 MiB granule before: 92 MiB
-        # against 18 MiB untagged).
+        # Small saved tensors (all below 1 MiB at batch 12), tagged from 64 KiB (the default):
+        # they share granules, so tagging them costs no memory (each took a 2 MiB granule
+        # before: 92 MiB against 18 MiB untagged).
         for n, extra in (("small-peak", ["--no-offload"]), ("small", [])):
             run([py, "-m", "vramswap", "run"] + extra + ["--", "python3", str(SCRIPT), out(n + ".json"), "--batch", "12"],
-                {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_MIN_OFFLOAD_BYTES": "65536",
-                 "VRAMSWAP_STATS_FILE": out(n + ".stats")}, tmp)
+                {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out(n + ".stats")}, tmp)
         repeat_peaks = []
         for i in range(3):
             run([py, "-m", "vramswap", "run", "--", "python3", str(CNN), out(f"cnn-again{i}.json")] + CNN_ARGS,
@@ -138,13 +144,25 @@ def main():
             {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out("grouped-peak.stats")}, tmp)
         grouped_limit = limit_of("grouped-peak")
         run([py, "-m", "vramswap", "run", "--", "python3", str(SCRIPT), out("grouped.json")] + grouped,
-            {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_MIN_OFFLOAD_BYTES": "65536",
+            {"VRAMSWAP_TORCH_DEVICE": "cpu-sim",
              "VRAMSWAP_LIMIT": str(grouped_limit), "VRAMSWAP_STATS_FILE": out("grouped.stats")}, tmp)
         grouped_stats = stats("grouped")
+        # The proof at the default settings: a 4-layer GPT-style model saving only tensors
+        # below 1 MiB, at LIMIT_PERCENT of its --no-offload peak.
+        gpt = ["--batch", "16", "--heads", "2", "--vocab", "128"]
+        run([py, str(SCRIPT), out("gpt-ref.json")] + gpt + ["--largest-saved", out("gpt-largest.json")], {}, tmp)
+        largest_saved = json.loads(Path(out("gpt-largest.json")).read_text())["bytes"]
+        run([py, "-m", "vramswap", "run", "--no-offload", "--", "python3", str(SCRIPT), out("gpt-peak.json")] + gpt,
+            {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out("gpt-peak.stats")}, tmp)
+        gpt_limit = limit_of("gpt-peak")
+        run([py, "-m", "vramswap", "run", "--", "python3", str(SCRIPT), out("gpt.json")] + gpt,
+            {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_LIMIT": str(gpt_limit),
+             "VRAMSWAP_STATS_FILE": out("gpt.stats")}, tmp)
+        gpt_stats = stats("gpt")
         small = {n: stats(n) for n in ("small-peak", "small")}
         files = {n: Path(out(n + ".json")).read_text()
                  for n in ("ref", "peak", "off", "wide-peak", "wide", "cnn-ref", "cnn", "small-peak", "small",
-                           "grouped-peak", "grouped")}
+                           "grouped-peak", "grouped", "gpt-ref", "gpt")}
         s = stats("off")
         wide = {n: stats(n) for n in ("wide-peak", "wide")}
 
@@ -167,7 +185,7 @@ def main():
     check(files["wide"] == files["wide-peak"], "vramswap run, no limit, --vocab 4096: results identical to --no-offload's")
     check(files["small"] == files["small-peak"], "vramswap run, small tensors tagged: results identical to --no-offload's")
     a, b = small["small"]["peak_resident_bytes"], small["small-peak"]["peak_resident_bytes"]
-    check(a <= b * 1.01, f"vramswap run, --batch 12 with VRAMSWAP_MIN_OFFLOAD_BYTES=65536, no limit: peak_resident_bytes "
+    check(a <= b * 1.01, f"vramswap run, --batch 12 with the default VRAMSWAP_MIN_OFFLOAD_BYTES, no limit: peak_resident_bytes "
                          f"{a / MIB:.1f} MiB, within 1% of --no-offload's {b / MIB:.1f} MiB (small tagged blocks share granules)")
     for key in ("peak_allocated_bytes", "peak_resident_bytes"):
         a, b = wide["wide"][key], wide["wide-peak"][key]
@@ -180,13 +198,21 @@ def main():
           f"vramswap run, CNN: {cnn['num_evictions']} evictions, {cnn['num_ooms']} out-of-memory, peak "
           f"{cnn['peak_reserved_bytes'] / MIB:.0f} MiB within the limit")
     check(files["grouped"] == files["grouped-peak"],
-          f"vramswap run, --batch 24 --heads 2 with VRAMSWAP_MIN_OFFLOAD_BYTES=65536 at {grouped_limit // MIB} MiB "
+          f"vramswap run, --batch 24 --heads 2 at {grouped_limit // MIB} MiB "
           f"({LIMIT_PERCENT}% of its peak): results identical to --no-offload's")
     check(grouped_stats["num_evictions"] > 0 and grouped_stats["num_ooms"] == 0 and
           grouped_stats["peak_reserved_bytes"] <= grouped_limit,
           f"vramswap run, small tensors under a limit: {grouped_stats['num_evictions']} evictions, "
           f"{grouped_stats['num_ooms']} out-of-memory, peak {grouped_stats['peak_reserved_bytes'] / MIB:.0f} MiB "
           "within the limit")
+    check(largest_saved < MIB, f"4-layer GPT {' '.join(gpt)}: the largest tensor autograd saves is "
+                               f"{largest_saved} bytes, below 1 MiB")
+    check(files["gpt"] == files["gpt-ref"],
+          f"vramswap run, that GPT at the default settings at {gpt_limit // MIB} MiB ({LIMIT_PERCENT}% of its "
+          "peak): results identical to plain torch's")
+    check(gpt_stats["num_evictions"] > 0 and gpt_stats["num_ooms"] == 0 and gpt_stats["peak_reserved_bytes"] <= gpt_limit,
+          f"vramswap run, that GPT: {gpt_stats['num_evictions']} evictions, {gpt_stats['num_ooms']} out-of-memory, "
+          f"peak {gpt_stats['peak_reserved_bytes'] / MIB:.0f} MiB within the limit")
     cnn_peak_resident = cnn_peak["peak_resident_bytes"]
     check(max(repeat_peaks) <= cnn_peak_resident * 1.01,
           f"vramswap run, CNN, no limit: peak_resident_bytes {max(repeat_peaks) / MIB:.1f} MiB, within 1% of "
