@@ -137,6 +137,14 @@ class DevicePool::Impl {
   }
   std::string check_invariants() const;
   Census live_below(uint64_t bytes) const;
+  bool shares_granule_with_ordinary(const void* ptr) const {
+    std::lock_guard lock(mu_);
+    auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
+    if (b == blocks_.end() || b->second.state != State::kLive) return false;
+    for (uint64_t g = granule_index(b->first), last = granule_index(b->first + b->second.size - 1); g <= last; ++g)
+      if (live_on_[0][g] != 0) return true;
+    return false;
+  }
   void reset_peaks();
   bool owns(const void* ptr) const { return va_.contains(reinterpret_cast<uintptr_t>(ptr)); }
   int device() const { return device_; }
@@ -1188,6 +1196,7 @@ Result DevicePool::record_stream(void* ptr, cudaStream_t stream) { return impl_-
 void DevicePool::empty_cache() { impl_->empty_cache(); }
 PoolStats DevicePool::stats() const { return impl_->stats(); }
 DevicePool::Census DevicePool::live_below(uint64_t bytes) const { return impl_->live_below(bytes); }
+bool DevicePool::shares_granule_with_ordinary(const void* ptr) const { return impl_->shares_granule_with_ordinary(ptr); }
 void* DevicePool::allocate_offloadable(size_t size, cudaStream_t stream, std::string* error, uint64_t* placed) {
   return impl_->allocate_offloadable(size, stream, error, placed);
 }

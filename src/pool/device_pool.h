@@ -198,6 +198,11 @@ class DevicePool {
   // after the pool's own measures that `wait` allows. Thread-safe.
   Result map_block(void* ptr, MapWait wait, cudaStream_t stream = any_stream());
 
+  // True when a granule under the live block at `ptr` is touched by a live ordinary
+  // (allocate()'s) block too: giving the block up cannot free that page while the ordinary
+  // block lives. False for a pointer that is not a live block's start. Thread-safe.
+  bool shares_granule_with_ordinary(const void* ptr) const;
+
   // Frees a block for the freeing stream at once (as deallocate() does) and for any stream
   // once an event recorded now on `stream` completes: for large blocks whose memory is
   // wanted elsewhere soon (eviction's prefetches on a copy stream), where waiting for an

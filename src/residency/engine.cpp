@@ -187,6 +187,11 @@ class Engine::Impl {
   // Maps the block's pages again and starts the H2D copy. `stream` (kPlanned only): the
   // caller's stream, which the pool may synchronize for the memory.
   Status start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream = nullptr);
+  // make_room's victim `slot`, a small block: evicts it with every evictable block on its
+  // granules when that frees them (every other tagged block there is away or leaving, no
+  // ordinary block lives there), and returns the bytes that will free; else evicts nothing
+  // and returns 0 (Note [A shared granule goes as a whole]).
+  uint64_t evict_granule(uint32_t slot, const std::set<uint32_t>& window);
   // After a fetch of a small block (below half a granule: it shares its granule) started:
   // starts the fetches of the evicted blocks that lie wholly on the granules it needed, now
   // mapped for it (Note [A shared granule comes back whole]).
@@ -828,6 +833,39 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
   return {};
 }
 
+// Note [A shared granule goes as a whole]
+// ----------------------------------------
+// Evicting one small block of a shared granule frees nothing while another block on it is
+// in use: make_room counted its bytes as covered anyway, stopped short, and copied out
+// blocks whose pages stayed. A small victim now takes its granule with it: when every other
+// tagged block on the granules it touches is evictable (cold, outside the window), away,
+// leaving, or copied out (clean: dropped with the others), and no ordinary block lives there, all the evictable ones start their
+// copies together and the granules' bytes count as covered; otherwise none moves (the
+// granule is not a victim yet) and the next candidate is looked at.
+uint64_t Engine::Impl::evict_granule(uint32_t slot, const std::set<uint32_t>& window) {
+  const uint64_t g = pool_.granularity();
+  const Slot& s = slots_[slot];
+  const uintptr_t lo = s.addr / g * g, hi = (s.addr + s.placed + g - 1) / g * g;
+  if (pool_.shares_granule_with_ordinary(reinterpret_cast<void*>(s.addr))) return 0;
+  std::vector<uint32_t> group;
+  // A block starting before `lo` may run onto it: start the walk at the one before.
+  auto it = by_addr_.lower_bound(lo);
+  if (it != by_addr_.begin()) --it;
+  for (; it != by_addr_.end() && it->first < hi; ++it) {
+    const Slot& m = slots_[it->second];
+    if (!m.live || m.addr + m.placed <= lo) continue;
+    if (evictable(it->second, window)) {
+      group.push_back(it->second);
+    } else if (!(m.residency == Residency::kEvicted || (m.residency == Residency::kEvicting && !m.cancel) ||
+                 (m.residency == Residency::kClean && !window.count(it->second)))) {
+      return 0;  // in use, in the window or fetching: the page stays
+    }
+  }
+  for (uint32_t m : group)
+    if (!start_eviction(m)) return 0;  // the host tier is full: what started frees later
+  return hi - lo;
+}
+
 // Note [A shared granule comes back whole]
 // ----------------------------------------
 // Small tagged blocks saved one after another share granules (Note [Placing for eviction]
@@ -987,8 +1025,12 @@ uint64_t Engine::Impl::make_room(uint64_t bytes, uint32_t except, bool window_to
     Slot& s = slots_[slot];
     if (s.residency == Residency::kClean && !window.count(slot)) {
       covered += drop(slot);  // what it freed: a granule shared with a block in use stays
-    } else if (!evictable(slot, window) || !start_eviction(slot)) {
-      return true;  // not a victim, or the host tier is full: only clean blocks help
+    } else if (!evictable(slot, window)) {
+      return true;  // not a victim
+    } else if (s.placed < pool_.granularity() / 2) {
+      covered += evict_granule(slot, window);
+    } else if (!start_eviction(slot)) {
+      return true;  // the host tier is full: only clean blocks help
     } else {
       covered += s.placed;
     }

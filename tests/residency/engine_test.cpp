@@ -567,6 +567,45 @@ TEST_F(EngineTest, ASharedGranuleIsFetchedAsAWhole) {
  }
 }
 
+// Issue 13: a shared granule goes as a whole or not at all. With one of its blocks still in
+// use (packed, not cold), evicting the cold others frees no page: they stay (they were all
+// copied out for nothing before, and counted as freed), and the allocation that needed the
+// page is refused. Once that block is cold too, all of them go together.
+TEST_F(EngineTest, ASharedGranuleWithABlockInUseIsNotAVictim) {
+  EngineOptions options;
+  options.horizon = 0;
+  const size_t granule = 2 * kMiB;
+  start(2 * granule, options);
+  const size_t small = 256 * 1024;
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  for (int i = 0; i < 8; ++i) {
+    blocks.push_back(tagged(uint8_t(50 + i), small));
+    ASSERT_NE(nullptr, blocks.back());
+    handles.push_back(i == 7 ? engine_->pack(blocks.back(), stream_) : pack_cold(blocks.back()));
+    ASSERT_NE(0u, handles.back());
+  }
+  ASSERT_EQ(granule, pool_->stats().mapped_bytes);
+  std::string error;
+  void* big = pool_->allocate(2 * granule - kMiB, stream_, &error);
+  EXPECT_EQ(nullptr, big) << "the granule cannot go while block 7 is in use";
+  EXPECT_EQ(0u, stats().num_evictions) << "nothing copied out for a page that stays";
+  EXPECT_EQ(0u, stats().evicted_bytes);
+  ASSERT_TRUE(engine_->mark_cold(handles[7], stream_).ok);
+  big = pool_->allocate(2 * granule - kMiB, stream_, &error);
+  ASSERT_NE(nullptr, big) << error;
+  EXPECT_EQ(8 * small, stats().evicted_bytes) << "all eight went together";
+  ASSERT_TRUE(pool_->deallocate(big, stream_).ok);
+  for (int i = 7; i >= 0; --i) {
+    ASSERT_TRUE(engine_->unpack(handles[i], stream_).ok) << i;
+    EXPECT_TRUE(holds(blocks[i], uint8_t(50 + i), small)) << "block " << i;
+    ASSERT_TRUE(engine_->release(handles[i]).ok);
+    ASSERT_TRUE(engine_->free_tagged(blocks[i], stream_).ok);
+  }
+  EXPECT_EQ("", engine_->check_invariants());
+  EXPECT_EQ("", pool_->check_invariants());
+}
+
 TEST_F(EngineTest, WasteIsTheRoundingToWholeGranules) {
   start(64 * kMiB);
   void* p = tagged(1, 3 * kMiB + 100);
