@@ -52,6 +52,10 @@ tensor autograd saves, noted by a plain run with --largest-saved, is 512 KiB), u
 LIMIT_PERCENT of its --no-offload peak (10 MiB: five 2 MiB granules), with no VRAMSWAP_*
 setting but the limit: results byte-identical to plain torch's, evictions, no out-of-memory.
 At the old default (1 MiB) nothing was tagged and it ran out of memory with 0 evictions.
+The same model with 12 layers (--layers 12, the same tensors, 48 MiB at its peak) at
+LOW_PERCENT of its --no-offload peak, at the default settings too: byte-identical, evictions,
+no out-of-memory. (At 40% the 4-layer one has three granules, one of them the parameters':
+too few for a layer's backward.)
 
 Usage: python3 tests/python/test_vramswap_run.py   (exit status 0: every check held)
 Paths: VRAMSWAP_LIBRARY, VRAMSWAP_CUDASIM_DIR (as test_cpu_emulation.py).
@@ -68,6 +72,7 @@ SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_transformer.py"
 CNN = Path(__file__).resolve().parent / "scripts" / "train_cnn.py"
 CNN_ARGS = ["--batch", "24", "--size", "56", "--width", "24"]
 LIMIT_PERCENT = 60  # of the peak without offload
+LOW_PERCENT = 40
 MIB = 1 << 20
 
 
@@ -103,8 +108,8 @@ def main():
             with open(out(name + ".stats")) as f:
                 return json.load(f)
 
-        def limit_of(name):  # LIMIT_PERCENT of that run's peak reserve, in whole MiB
-            return (stats(name)["peak_reserved_bytes"] * LIMIT_PERCENT // 100) // MIB * MIB
+        def limit_of(name, percent=LIMIT_PERCENT):  # percent of that run's peak reserve, in whole MiB
+            return (stats(name)["peak_reserved_bytes"] * percent // 100) // MIB * MIB
 
         ref = run([py, str(SCRIPT), out("ref.json")], {}, tmp)
         run([py, "-m", "vramswap", "run", "--no-offload", "--", "python3", str(SCRIPT), out("peak.json")],
@@ -159,10 +164,20 @@ def main():
             {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_LIMIT": str(gpt_limit),
              "VRAMSWAP_STATS_FILE": out("gpt.stats")}, tmp)
         gpt_stats = stats("gpt")
+        deep = gpt + ["--layers", "12"]
+        run([py, str(SCRIPT), out("deep-ref.json")] + deep + ["--largest-saved", out("deep-largest.json")], {}, tmp)
+        deep_largest = json.loads(Path(out("deep-largest.json")).read_text())["bytes"]
+        run([py, "-m", "vramswap", "run", "--no-offload", "--", "python3", str(SCRIPT), out("deep-peak.json")] + deep,
+            {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out("deep-peak.stats")}, tmp)
+        deep_limit = limit_of("deep-peak", LOW_PERCENT)
+        run([py, "-m", "vramswap", "run", "--", "python3", str(SCRIPT), out("deep.json")] + deep,
+            {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_LIMIT": str(deep_limit),
+             "VRAMSWAP_STATS_FILE": out("deep.stats")}, tmp)
+        deep_stats = stats("deep")
         small = {n: stats(n) for n in ("small-peak", "small")}
         files = {n: Path(out(n + ".json")).read_text()
                  for n in ("ref", "peak", "off", "wide-peak", "wide", "cnn-ref", "cnn", "small-peak", "small",
-                           "grouped-peak", "grouped", "gpt-ref", "gpt")}
+                           "grouped-peak", "grouped", "gpt-ref", "gpt", "deep-ref", "deep")}
         s = stats("off")
         wide = {n: stats(n) for n in ("wide-peak", "wide")}
 
@@ -213,6 +228,13 @@ def main():
     check(gpt_stats["num_evictions"] > 0 and gpt_stats["num_ooms"] == 0 and gpt_stats["peak_reserved_bytes"] <= gpt_limit,
           f"vramswap run, that GPT: {gpt_stats['num_evictions']} evictions, {gpt_stats['num_ooms']} out-of-memory, "
           f"peak {gpt_stats['peak_reserved_bytes'] / MIB:.0f} MiB within the limit")
+    check(deep_largest < MIB, f"12-layer GPT: the largest tensor autograd saves is {deep_largest} bytes, below 1 MiB")
+    check(files["deep"] == files["deep-ref"],
+          f"vramswap run, the 12-layer GPT at the default settings at {deep_limit // MIB} MiB ({LOW_PERCENT}% of its "
+          "peak): results identical to plain torch's")
+    check(deep_stats["num_evictions"] > 0 and deep_stats["num_ooms"] == 0 and deep_stats["peak_reserved_bytes"] <= deep_limit,
+          f"vramswap run, the 12-layer GPT: {deep_stats['num_evictions']} evictions, {deep_stats['num_ooms']} "
+          f"out-of-memory, peak {deep_stats['peak_reserved_bytes'] / MIB:.0f} MiB within the limit")
     cnn_peak_resident = cnn_peak["peak_resident_bytes"]
     check(max(repeat_peaks) <= cnn_peak_resident * 1.01,
           f"vramswap run, CNN, no limit: peak_resident_bytes {max(repeat_peaks) / MIB:.1f} MiB, within 1% of "
