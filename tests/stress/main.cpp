@@ -163,7 +163,7 @@ bool set_up(const Options& o, stress::Library* lib) {
   const std::pair<const char*, std::string> settings[] = {
       {"VRAMSWAP_LIMIT", o.limit},
       {"VRAMSWAP_VERIFY", o.verify ? "1" : "0"},
-      {"VRAMSWAP_MIN_OFFLOAD_BYTES", "1MiB"},
+      {"VRAMSWAP_MIN_OFFLOAD_BYTES", "64KiB"},
       // Refusals are expected here (out of memory, injected faults); the driver checks each.
       {"VRAMSWAP_LOG", log ? log : "off"},
   };

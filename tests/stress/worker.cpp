@@ -64,10 +64,12 @@ constexpr size_t kKiB = size_t{1} << 10;
 constexpr size_t kMiB = size_t{1} << 20;
 // VRAMSWAP_MIN_OFFLOAD_BYTES as main() configures it: blocks at least this large made in a
 // scope are tagged.
-constexpr size_t kMinOffload = kMiB;
+// The default, 64 KiB: tagged blocks below half a granule share granules (placed for
+// eviction, fetched and evicted a granule at a time), larger ones take granules of their own.
+constexpr size_t kMinOffload = 64 * kKiB;
 // Live blocks of all threads together (each thread at least 4): about 48 MiB with the sizes
 // below, past the default 32 MiB limit, so cold blocks must be evicted for others to fit.
-constexpr size_t kMaxBlocksInAll = 16;
+constexpr size_t kMaxBlocksInAll = 48;
 // A host synchronization that an injected failure refused is tried this many times.
 constexpr int kSyncTries = 64;
 // Operations remembered per block, printed with a failure that names it.
@@ -445,8 +447,11 @@ class Worker {
   bool op_alloc() {
     if (blocks_.size() >= std::max<size_t>(4, kMaxBlocksInAll / size_t(s_.options.threads))) return false;
     size_t size;
-    if (rng_() % 3) size = kMinOffload + rng_() % (3 * kMiB);  // large: tagged in a scope
-    else size = 1 + rng_() % (512 * kKiB);
+    switch (rng_() % 3) {
+      case 0: size = kMiB + rng_() % (3 * kMiB); break;                // large: tagged in a scope
+      case 1: size = kMinOffload + rng_() % (kMiB - kMinOffload); break;  // small: tagged, sharing granules
+      default: size = 1 + rng_() % (kMinOffload - 1); break;            // never tagged
+    }
     const cudaStream_t st = pick_stream();
     s_.stats->allocs.fetch_add(1, std::memory_order_relaxed);
     void* p = lib_.malloc(size, 0, st);
