@@ -830,27 +830,26 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
   uint64_t lacking = rounded;
   constexpr Relief kSteps[] = {Relief::kUnusedGranules,     Relief::kReclaimNoWait,   Relief::kDrainPending,
                                Relief::kSynchronizeStream, Relief::kSynchronize, Relief::kReclaim};
-  for (size_t step = 0; step <= std::size(kSteps); ++step) {
-    if (step > 0 && !relieve(kSteps[step - 1], lacking, stream, lock)) continue;
+  // A place for the block (find_fit's, `strict` as there) mapped and taken, or nullptr.
+  auto place = [&](bool strict) -> void* {
     uintptr_t start = 0;
-    BlockIt b = find_fit(rounded, stream, offloadable, aligned, &start);
+    BlockIt b = find_fit(rounded, stream, offloadable, aligned, &start, strict);
     if (b == blocks_.end()) {
       why = "the pool's address range";
-      continue;
+      return nullptr;
     }
     const uint64_t reserved_before = reserved_;
-    if (!map_range(start, rounded, &why, &lacking)) continue;
+    if (!map_range(start, rounded, &why, &lacking)) return nullptr;
     return take(b, start, rounded, stream, offloadable, reserved_ != reserved_before);
+  };
+  for (size_t step = 0; step <= std::size(kSteps); ++step) {
+    if (step > 0 && !relieve(kSteps[step - 1], lacking, stream, lock)) continue;
+    if (void* p = place(true)) return p;
   }
-  if (grouping()) {
-    // Placing for eviction is a preference, never a reason to fail: any hole on the mapped
-    // granules, closed ones included, before an out-of-memory.
-    uintptr_t start = 0;
-    BlockIt b = find_fit(rounded, stream, offloadable, aligned, &start, false);
-    const uint64_t reserved_before = reserved_;
-    if (b != blocks_.end() && map_range(start, rounded, &why, &lacking))
-      return take(b, start, rounded, stream, offloadable, reserved_ != reserved_before);
-  }
+  // Placing for eviction is a preference, never a reason to fail: any hole on the mapped
+  // granules, closed ones included, before an out-of-memory.
+  if (grouping())
+    if (void* p = place(false)) return p;
   ++num_ooms_;
   *error = oom_report(size, rounded, why);
   return nullptr;

@@ -164,6 +164,18 @@ class Engine::Impl {
   // Work a call does for later, after its own succeeded: landed copies, soft eviction.
   // A failure is logged, never returned: the call's result stands.
   void background(const char* after);
+  // A block below half a granule shares its granules with others (Note [Placing for
+  // eviction] in device_pool.h); [*lo, *hi): the granules it touches.
+  bool shares_granules(const Slot& s) const { return s.placed < pool_.granularity() / 2; }
+  void granule_span(const Slot& s, uintptr_t* lo, uintptr_t* hi) const {
+    const uint64_t g = pool_.granularity();
+    *lo = s.addr / g * g;
+    *hi = (s.addr + s.placed + g - 1) / g * g;
+  }
+  // The soft limit in bytes: the limit when none is set.
+  uint64_t soft_limit() const {
+    return options_.soft_limit_bytes > 0 ? options_.soft_limit_bytes : pool_.stats().limit_bytes;
+  }
   bool evictable(uint32_t slot, const std::set<uint32_t>& window) const {
     const Slot& s = slots_[slot];
     return s.live && s.residency == Residency::kResident && s.cold && !s.unpacked && !window.count(slot);
@@ -746,7 +758,7 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
 // memory that is free now, below the soft limit: one at a time, so that it keeps the copy
 // engine busy without filling memory ahead of backward's own allocations.
 void Engine::Impl::fetch_ahead() {
-  const uint64_t soft = options_.soft_limit_bytes > 0 ? options_.soft_limit_bytes : pool_.stats().limit_bytes;
+  const uint64_t soft = soft_limit();
   order_.each_after_cursor([&](uint32_t next) {
     const Slot& n = slots_[next];
     if (n.residency != Residency::kEvicted) return true;
@@ -839,14 +851,15 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
 // in use: make_room counted its bytes as covered anyway, stopped short, and copied out
 // blocks whose pages stayed. A small victim now takes its granule with it: when every other
 // tagged block on the granules it touches is evictable (cold, outside the window), away,
-// leaving, or copied out (clean: dropped with the others), and no ordinary block lives there, all the evictable ones start their
-// copies together and the granules' bytes count as covered; otherwise none moves (the
-// granule is not a victim yet) and the next candidate is looked at.
+// leaving, or copied out (clean: dropped with the others), and no ordinary block lives
+// there, all the evictable ones start their copies together and the granules' bytes count
+// as covered; otherwise none moves (the granule is not a victim yet) and the next
+// candidate is looked at.
 uint64_t Engine::Impl::evict_granule(uint32_t slot, const std::set<uint32_t>& window) {
-  const uint64_t g = pool_.granularity();
   const Slot& s = slots_[slot];
-  const uintptr_t lo = s.addr / g * g, hi = (s.addr + s.placed + g - 1) / g * g;
   if (pool_.shares_granule_with_ordinary(reinterpret_cast<void*>(s.addr))) return 0;
+  uintptr_t lo, hi;
+  granule_span(s, &lo, &hi);
   std::vector<uint32_t> group;
   // A block starting before `lo` may run onto it: start the walk at the one before.
   auto it = by_addr_.lower_bound(lo);
@@ -876,14 +889,13 @@ uint64_t Engine::Impl::evict_granule(uint32_t slot, const std::set<uint32_t>& wi
 // on their way instead of faulting one by one. A block that runs onto a granule the fetch did
 // not map waits for its own fetch.
 void Engine::Impl::fetch_granule_mates(uint32_t slot) {
-  const uint64_t g = pool_.granularity();
   const Slot& s = slots_[slot];
-  if (g == 0 || s.placed >= g / 2) return;
+  if (!shares_granules(s)) return;
   // Fetched early, the others hold the granule until the last of them is used, where alone
   // it would go between their uses: only below the soft limit, as fetches ahead.
-  const uint64_t soft = options_.soft_limit_bytes > 0 ? options_.soft_limit_bytes : pool_.stats().limit_bytes;
-  if (pool_.stats().mapped_bytes > soft) return;
-  const uintptr_t lo = s.addr / g * g, hi = (s.addr + s.placed + g - 1) / g * g;
+  if (pool_.stats().mapped_bytes > soft_limit()) return;
+  uintptr_t lo, hi;
+  granule_span(s, &lo, &hi);
   std::vector<uint32_t> mates;
   for (auto it = by_addr_.lower_bound(lo); it != by_addr_.end() && it->first < hi; ++it) {
     const Slot& m = slots_[it->second];
@@ -1027,7 +1039,7 @@ uint64_t Engine::Impl::make_room(uint64_t bytes, uint32_t except, bool window_to
       covered += drop(slot);  // what it freed: a granule shared with a block in use stays
     } else if (!evictable(slot, window)) {
       return true;  // not a victim
-    } else if (s.placed < pool_.granularity() / 2) {
+    } else if (shares_granules(s)) {
       covered += evict_granule(slot, window);
     } else if (!start_eviction(slot)) {
       return true;  // the host tier is full: only clean blocks help

@@ -99,6 +99,11 @@ def main():
         if not cond:
             failures.append(what)
 
+    def check_offloaded(st, limit, what):  # evictions, no out-of-memory, the peak within the limit
+        check(st["num_evictions"] > 0 and st["num_ooms"] == 0 and st["peak_reserved_bytes"] <= limit,
+              f"vramswap run, {what}: {st['num_evictions']} evictions, {st['num_ooms']} out-of-memory, "
+              f"peak {st['peak_reserved_bytes'] / MIB:.0f} MiB within the limit")
+
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
         def out(name):
@@ -152,28 +157,25 @@ def main():
             {"VRAMSWAP_TORCH_DEVICE": "cpu-sim",
              "VRAMSWAP_LIMIT": str(grouped_limit), "VRAMSWAP_STATS_FILE": out("grouped.stats")}, tmp)
         grouped_stats = stats("grouped")
+        def at_default(name, args, percent):
+            """Plainly (noting the largest saved tensor), with --no-offload, and under `run` at
+            `percent` of that peak with no setting but the limit: (largest, limit, stats)."""
+            run([py, str(SCRIPT), out(name + "-ref.json")] + args + ["--largest-saved", out(name + "-largest.json")],
+                {}, tmp)
+            largest = json.loads(Path(out(name + "-largest.json")).read_text())["bytes"]
+            run([py, "-m", "vramswap", "run", "--no-offload", "--", "python3", str(SCRIPT), out(name + "-peak.json")]
+                + args, {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out(name + "-peak.stats")}, tmp)
+            lim = limit_of(name + "-peak", percent)
+            run([py, "-m", "vramswap", "run", "--", "python3", str(SCRIPT), out(name + ".json")] + args,
+                {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_LIMIT": str(lim),
+                 "VRAMSWAP_STATS_FILE": out(name + ".stats")}, tmp)
+            return largest, lim, stats(name)
+
         # The proof at the default settings: a 4-layer GPT-style model saving only tensors
-        # below 1 MiB, at LIMIT_PERCENT of its --no-offload peak.
+        # below 1 MiB, at LIMIT_PERCENT of its --no-offload peak; with 12 layers, at LOW_PERCENT.
         gpt = ["--batch", "16", "--heads", "2", "--vocab", "128"]
-        run([py, str(SCRIPT), out("gpt-ref.json")] + gpt + ["--largest-saved", out("gpt-largest.json")], {}, tmp)
-        largest_saved = json.loads(Path(out("gpt-largest.json")).read_text())["bytes"]
-        run([py, "-m", "vramswap", "run", "--no-offload", "--", "python3", str(SCRIPT), out("gpt-peak.json")] + gpt,
-            {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out("gpt-peak.stats")}, tmp)
-        gpt_limit = limit_of("gpt-peak")
-        run([py, "-m", "vramswap", "run", "--", "python3", str(SCRIPT), out("gpt.json")] + gpt,
-            {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_LIMIT": str(gpt_limit),
-             "VRAMSWAP_STATS_FILE": out("gpt.stats")}, tmp)
-        gpt_stats = stats("gpt")
-        deep = gpt + ["--layers", "12"]
-        run([py, str(SCRIPT), out("deep-ref.json")] + deep + ["--largest-saved", out("deep-largest.json")], {}, tmp)
-        deep_largest = json.loads(Path(out("deep-largest.json")).read_text())["bytes"]
-        run([py, "-m", "vramswap", "run", "--no-offload", "--", "python3", str(SCRIPT), out("deep-peak.json")] + deep,
-            {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_STATS_FILE": out("deep-peak.stats")}, tmp)
-        deep_limit = limit_of("deep-peak", LOW_PERCENT)
-        run([py, "-m", "vramswap", "run", "--", "python3", str(SCRIPT), out("deep.json")] + deep,
-            {"VRAMSWAP_TORCH_DEVICE": "cpu-sim", "VRAMSWAP_LIMIT": str(deep_limit),
-             "VRAMSWAP_STATS_FILE": out("deep.stats")}, tmp)
-        deep_stats = stats("deep")
+        largest_saved, gpt_limit, gpt_stats = at_default("gpt", gpt, LIMIT_PERCENT)
+        deep_largest, deep_limit, deep_stats = at_default("deep", gpt + ["--layers", "12"], LOW_PERCENT)
         small = {n: stats(n) for n in ("small-peak", "small")}
         files = {n: Path(out(n + ".json")).read_text()
                  for n in ("ref", "peak", "off", "wide-peak", "wide", "cnn-ref", "cnn", "small-peak", "small",
@@ -209,32 +211,22 @@ def main():
     check(files["cnn"] == files["cnn-ref"],
           f"vramswap run, CNN with batch norm at {cnn_limit // MIB} MiB ({LIMIT_PERCENT}% of its peak): "
           "results identical to the plain run")
-    check(cnn["num_evictions"] > 0 and cnn["num_ooms"] == 0 and cnn["peak_reserved_bytes"] <= cnn_limit,
-          f"vramswap run, CNN: {cnn['num_evictions']} evictions, {cnn['num_ooms']} out-of-memory, peak "
-          f"{cnn['peak_reserved_bytes'] / MIB:.0f} MiB within the limit")
+    check_offloaded(cnn, cnn_limit, "CNN")
     check(files["grouped"] == files["grouped-peak"],
           f"vramswap run, --batch 24 --heads 2 at {grouped_limit // MIB} MiB "
           f"({LIMIT_PERCENT}% of its peak): results identical to --no-offload's")
-    check(grouped_stats["num_evictions"] > 0 and grouped_stats["num_ooms"] == 0 and
-          grouped_stats["peak_reserved_bytes"] <= grouped_limit,
-          f"vramswap run, small tensors under a limit: {grouped_stats['num_evictions']} evictions, "
-          f"{grouped_stats['num_ooms']} out-of-memory, peak {grouped_stats['peak_reserved_bytes'] / MIB:.0f} MiB "
-          "within the limit")
+    check_offloaded(grouped_stats, grouped_limit, "small tensors under a limit")
     check(largest_saved < MIB, f"4-layer GPT {' '.join(gpt)}: the largest tensor autograd saves is "
                                f"{largest_saved} bytes, below 1 MiB")
     check(files["gpt"] == files["gpt-ref"],
           f"vramswap run, that GPT at the default settings at {gpt_limit // MIB} MiB ({LIMIT_PERCENT}% of its "
           "peak): results identical to plain torch's")
-    check(gpt_stats["num_evictions"] > 0 and gpt_stats["num_ooms"] == 0 and gpt_stats["peak_reserved_bytes"] <= gpt_limit,
-          f"vramswap run, that GPT: {gpt_stats['num_evictions']} evictions, {gpt_stats['num_ooms']} out-of-memory, "
-          f"peak {gpt_stats['peak_reserved_bytes'] / MIB:.0f} MiB within the limit")
+    check_offloaded(gpt_stats, gpt_limit, "that GPT")
     check(deep_largest < MIB, f"12-layer GPT: the largest tensor autograd saves is {deep_largest} bytes, below 1 MiB")
     check(files["deep"] == files["deep-ref"],
           f"vramswap run, the 12-layer GPT at the default settings at {deep_limit // MIB} MiB ({LOW_PERCENT}% of its "
           "peak): results identical to plain torch's")
-    check(deep_stats["num_evictions"] > 0 and deep_stats["num_ooms"] == 0 and deep_stats["peak_reserved_bytes"] <= deep_limit,
-          f"vramswap run, the 12-layer GPT: {deep_stats['num_evictions']} evictions, {deep_stats['num_ooms']} "
-          f"out-of-memory, peak {deep_stats['peak_reserved_bytes'] / MIB:.0f} MiB within the limit")
+    check_offloaded(deep_stats, deep_limit, "the 12-layer GPT")
     cnn_peak_resident = cnn_peak["peak_resident_bytes"]
     check(max(repeat_peaks) <= cnn_peak_resident * 1.01,
           f"vramswap run, CNN, no limit: peak_resident_bytes {max(repeat_peaks) / MIB:.1f} MiB, within 1% of "

@@ -482,13 +482,7 @@ TEST_F(EngineTest, SmallBlocksShareAGranuleAndGoTogether) {
   const size_t granule = 2 * kMiB;  // cudasim's granularity, as a GPU's
   start(2 * granule, options);
   const size_t small = 256 * 1024;
-  std::vector<void*> blocks;
-  std::vector<uint64_t> handles;
-  for (int i = 0; i < 8; ++i) {
-    blocks.push_back(tagged(uint8_t(10 + i), small));
-    ASSERT_NE(nullptr, blocks.back());
-    handles.push_back(pack_cold(blocks.back()));
-  }
+  const Saved saved = save_cold(8, 10, small);
   EXPECT_EQ(8 * small, stats().tagged_bytes);
   EXPECT_EQ(0u, stats().tagged_waste_bytes);
   ASSERT_EQ(granule, pool_->granularity());
@@ -500,12 +494,8 @@ TEST_F(EngineTest, SmallBlocksShareAGranuleAndGoTogether) {
   EXPECT_EQ("", engine_->check_invariants());
   EXPECT_EQ("", pool_->check_invariants());
   ASSERT_TRUE(pool_->deallocate(big, stream_).ok);
-  for (int i = 7; i >= 0; --i) {
-    ASSERT_TRUE(engine_->unpack(handles[i], stream_).ok) << i;
-    EXPECT_TRUE(holds(blocks[i], uint8_t(10 + i), small)) << "block " << i;
-    ASSERT_TRUE(engine_->release(handles[i]).ok);
-    ASSERT_TRUE(engine_->free_tagged(blocks[i], stream_).ok);
-  }
+  unpack_all(saved, 10, small);
+  release_all(saved);
   EXPECT_EQ("", engine_->check_invariants());
   EXPECT_EQ("", pool_->check_invariants());
 }
@@ -528,13 +518,7 @@ TEST_F(EngineTest, ASharedGranuleIsFetchedAsAWhole) {
   if (above_soft) options.soft_limit_bytes = granule / 2;
   start(2 * granule, options);
   const size_t small = 256 * 1024;
-  std::vector<void*> blocks;
-  std::vector<uint64_t> handles;
-  for (int i = 0; i < 8; ++i) {
-    blocks.push_back(tagged(uint8_t(30 + i), small));
-    ASSERT_NE(nullptr, blocks.back());
-    handles.push_back(pack_cold(blocks.back()));
-  }
+  const Saved saved = save_cold(8, 30, small);
   ASSERT_EQ(granule, pool_->stats().mapped_bytes);
   std::string error;
   void* big = pool_->allocate(2 * granule - kMiB, stream_, &error);  // evicts the eight
@@ -542,10 +526,7 @@ TEST_F(EngineTest, ASharedGranuleIsFetchedAsAWhole) {
   ASSERT_EQ(8 * small, stats().evicted_bytes);
   ASSERT_TRUE(pool_->deallocate(big, stream_).ok);
   const EngineStats before = stats();
-  for (int i = 7; i >= 0; --i) {
-    ASSERT_TRUE(engine_->unpack(handles[i], stream_).ok) << i;
-    EXPECT_TRUE(holds(blocks[i], uint8_t(30 + i), small)) << "block " << i;
-  }
+  unpack_all(saved, 30, small);
   if (above_soft) {
     EXPECT_EQ(before.num_faults + 8, stats().num_faults) << "one by one";
   } else {
@@ -553,17 +534,10 @@ TEST_F(EngineTest, ASharedGranuleIsFetchedAsAWhole) {
     EXPECT_EQ(before.num_prefetches + 7, stats().num_prefetches) << "its neighbours came with it";
   }
   EXPECT_EQ(granule, pool_->stats().mapped_bytes) << "no page more";
-  for (int i = 7; i >= 0; --i) {
-    ASSERT_TRUE(engine_->release(handles[i]).ok);
-    ASSERT_TRUE(engine_->free_tagged(blocks[i], stream_).ok);
-  }
+  release_all(saved);
   EXPECT_EQ("", engine_->check_invariants());
   EXPECT_EQ("", pool_->check_invariants());
-  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
-  engine_.reset();
-  pool_.reset();
-  ASSERT_CUDA_OK(cudaStreamDestroy(stream_));
-  stream_ = nullptr;
+  stop();
  }
 }
 
@@ -577,31 +551,23 @@ TEST_F(EngineTest, ASharedGranuleWithABlockInUseIsNotAVictim) {
   const size_t granule = 2 * kMiB;
   start(2 * granule, options);
   const size_t small = 256 * 1024;
-  std::vector<void*> blocks;
-  std::vector<uint64_t> handles;
-  for (int i = 0; i < 8; ++i) {
-    blocks.push_back(tagged(uint8_t(50 + i), small));
-    ASSERT_NE(nullptr, blocks.back());
-    handles.push_back(i == 7 ? engine_->pack(blocks.back(), stream_) : pack_cold(blocks.back()));
-    ASSERT_NE(0u, handles.back());
-  }
+  Saved saved = save_cold(7, 50, small);
+  saved.blocks.push_back(tagged(50 + 7, small));  // packed, not cold: in use
+  saved.handles.push_back(engine_->pack(saved.blocks.back(), stream_));
+  ASSERT_NE(0u, saved.handles.back());
   ASSERT_EQ(granule, pool_->stats().mapped_bytes);
   std::string error;
   void* big = pool_->allocate(2 * granule - kMiB, stream_, &error);
   EXPECT_EQ(nullptr, big) << "the granule cannot go while block 7 is in use";
   EXPECT_EQ(0u, stats().num_evictions) << "nothing copied out for a page that stays";
   EXPECT_EQ(0u, stats().evicted_bytes);
-  ASSERT_TRUE(engine_->mark_cold(handles[7], stream_).ok);
+  ASSERT_TRUE(engine_->mark_cold(saved.handles[7], stream_).ok);
   big = pool_->allocate(2 * granule - kMiB, stream_, &error);
   ASSERT_NE(nullptr, big) << error;
   EXPECT_EQ(8 * small, stats().evicted_bytes) << "all eight went together";
   ASSERT_TRUE(pool_->deallocate(big, stream_).ok);
-  for (int i = 7; i >= 0; --i) {
-    ASSERT_TRUE(engine_->unpack(handles[i], stream_).ok) << i;
-    EXPECT_TRUE(holds(blocks[i], uint8_t(50 + i), small)) << "block " << i;
-    ASSERT_TRUE(engine_->release(handles[i]).ok);
-    ASSERT_TRUE(engine_->free_tagged(blocks[i], stream_).ok);
-  }
+  unpack_all(saved, 50, small);
+  release_all(saved);
   EXPECT_EQ("", engine_->check_invariants());
   EXPECT_EQ("", pool_->check_invariants());
 }

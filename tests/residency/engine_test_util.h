@@ -40,11 +40,14 @@ class EngineFixture : public ::testing::Test {
   }
   // Creates engine_ over pool_; a fixture that must watch the creation overrides it.
   virtual void make_engine(const EngineOptions& options) { engine_ = std::make_unique<Engine>(*pool_, options); }
-  void TearDown() override {
+  void TearDown() override { stop(); }
+  // Undoes start(): the engine, its pool and the stream go (a test may start() again).
+  void stop() {
     if (stream_) cudaStreamSynchronize(stream_);
     engine_.reset();
     pool_.reset();
     if (stream_) cudaStreamDestroy(stream_);
+    stream_ = nullptr;
   }
 
   // A tagged block filled with `seed`'s pattern by a copy on the compute stream.
@@ -77,19 +80,34 @@ class EngineFixture : public ::testing::Test {
     EXPECT_TRUE(engine_->mark_cold(h, stream_).ok);
     return h;
   }
-  // A forward saving `n` tagged blocks one after another: block i filled with the pattern of
-  // seed + i, packed and marked cold.
+  // A forward saving `n` tagged blocks of `size` one after another: block i filled with the
+  // pattern of seed + i, packed and marked cold.
   struct Saved {
     std::vector<void*> blocks;
     std::vector<uint64_t> handles;
   };
-  Saved save_cold(int n, uint8_t seed) {
+  Saved save_cold(int n, uint8_t seed, size_t size = kBlock) {
     Saved saved;
     for (int i = 0; i < n; ++i) {
-      saved.blocks.push_back(tagged(uint8_t(seed + i)));
+      saved.blocks.push_back(tagged(uint8_t(seed + i), size));
       saved.handles.push_back(pack_cold(saved.blocks.back()));
     }
     return saved;
+  }
+  // Backward over save_cold()'s blocks: each unpacked, last saved first, and checked to hold
+  // its pattern.
+  void unpack_all(const Saved& saved, uint8_t seed, size_t size = kBlock) {
+    for (size_t i = saved.blocks.size(); i-- > 0;) {
+      ASSERT_TRUE(engine_->unpack(saved.handles[i], stream_).ok) << i;
+      EXPECT_TRUE(holds(saved.blocks[i], uint8_t(seed + i), size)) << "block " << i;
+    }
+  }
+  // Each block released and freed, last saved first.
+  void release_all(const Saved& saved) {
+    for (size_t i = saved.blocks.size(); i-- > 0;) {
+      ASSERT_TRUE(engine_->release(saved.handles[i]).ok) << i;
+      ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
+    }
   }
   // A pool of `limit` bytes whose engine copies cold blocks out past `soft` bytes.
   void start_soft(uint64_t limit, uint64_t soft, int horizon) {
