@@ -221,6 +221,10 @@ pool::DevicePool* Allocator::pool_or_create(int device, AllocError* error) {
     engine_options.horizon = static_cast<int>(config_.horizon);  // at most 1024 (the table's range)
     engine_options.verify = config_.verify;
     engine_options.plan = config_.plan == config::PlanMode::kAuto;
+    engine_options.cold_probe = [this, device](cudaStream_t stream) -> uint64_t {
+      const ColdProbe probe = cold_probe_.load(std::memory_order_acquire);
+      return probe ? probe(device, stream) : 0;
+    };
     // The engine installs itself as the pool's reclaimer; both are leaked together (see the
     // Note), the engine first so that whoever finds the pool finds its engine.
     auto engine = std::make_unique<residency::Engine>(*created, engine_options);
@@ -356,10 +360,21 @@ std::string Allocator::untagged_report(int device) const {
                   " live can be offloaded: offload takes only blocks allocated inside an offload scope "
                   "(vramswap.offload(), python3 -m vramswap run, vramswap_scope_push) of at least "
                   "VRAMSWAP_MIN_OFFLOAD_BYTES (" + format_size(threshold) + ").";
-  if (small.bytes > 0)
+  // The blocks below the threshold are why only when they are a good share of what cannot be
+  // offloaded; otherwise it is memory allocated outside any scope (backward's gradients,
+  // parameters, optimizer state), which no setting makes offloadable.
+  const uint64_t untagged = allocated - tagged;
+  if (small.bytes > 0 && small.bytes * 4 >= untagged) {
+    const uint64_t smaller = std::max<uint64_t>(threshold / 4 / 512 * 512, 512);
+    const std::string example = smaller % 1024 == 0 ? std::to_string(smaller / 1024) + "KiB" : std::to_string(smaller);
     s += " " + format_size(small.bytes) + " are in " + std::to_string(small.blocks) +
-         " blocks smaller than that, never offloaded: a smaller VRAMSWAP_MIN_OFFLOAD_BYTES (for example 64KiB) "
-         "lets offload scopes take them.";
+         " blocks smaller than that, never offloaded: a smaller VRAMSWAP_MIN_OFFLOAD_BYTES (for example " + example +
+         ") lets offload scopes take them.";
+  } else {
+    s += " " + format_size(untagged - small.bytes) +
+         " are in blocks allocated outside any offload scope (backward's gradients, parameters, optimizer "
+         "state), which offload never takes.";
+  }
   return s;
 }
 

@@ -145,6 +145,10 @@ class Allocator {
   residency::Status unpack(uint64_t handle, cudaStream_t stream);
   residency::Status release(uint64_t handle);
   residency::Status prefetch(uint64_t handle);
+  // The tracker's cold probe (vramswap_set_cold_probe; nullptr removes it): every engine
+  // calls it, for its device, when an allocation finds memory short. Thread-safe (atomic).
+  using ColdProbe = size_t (*)(int device, cudaStream_t stream);
+  void set_cold_probe(ColdProbe probe) { cold_probe_.store(probe, std::memory_order_release); }
 
   // record_stream on the pool that owns `ptr`. False with *error set if none does or the
   // block is not live. Thread-safe.
@@ -224,6 +228,7 @@ class Allocator {
   // Tagged blocks handed out and not yet freed, over all devices: while 0, a free does not
   // ask the engine whether its block is tagged.
   std::atomic<uint64_t> num_live_tagged_{0};
+  std::atomic<ColdProbe> cold_probe_{nullptr};
 
   std::atomic<uint64_t> num_invalid_frees_{0};
   std::atomic<bool> config_error_logged_{false};

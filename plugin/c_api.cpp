@@ -247,4 +247,12 @@ int vramswap_prefetch(uint64_t handle) noexcept {
   return guarded<int>(__func__, -1, [&] { return reported(used_allocator().prefetch(handle)); });
 }
 
+void vramswap_set_cold_probe(vramswap_cold_probe_fn probe) noexcept {
+  vramswap::clear_last_error();
+  guarded<int>(__func__, 0, [&] {
+    used_allocator().set_cold_probe(probe);
+    return 0;
+  });
+}
+
 }  // extern "C"

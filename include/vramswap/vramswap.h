@@ -249,6 +249,19 @@ int vramswap_release(uint64_t h) VRAMSWAP_NOEXCEPT;
  * never evicts, drops or copies out another block to make room. Thread-safe. */
 int vramswap_prefetch(uint64_t h) VRAMSWAP_NOEXCEPT;
 
+/* The tracker's cold probe. A block becomes cold when the program drops its last reference
+ * to it, which no hook sees: the tracker notices only at its next call (a pack, an unpack),
+ * and an allocation in between may find memory short only because cold blocks are not
+ * marked yet. So vramswap calls the probe, on the allocating thread and with no lock of its
+ * own held, when an allocation on `device` for `stream` finds device memory short: before
+ * it evicts to make room, and again before it reports out of memory. The probe marks cold
+ * (vramswap_mark_cold, on `stream`) every block that has become cold since the tracker last
+ * looked, and returns how many it marked. It may call any function here; an allocation it
+ * makes does not call it again. NULL (the default) removes it; the torch package's tracker
+ * registers one. Never fails. Thread-safe: the probe may run on several threads at once. */
+typedef size_t (*vramswap_cold_probe_fn)(int device, struct CUstream_st* stream);
+void vramswap_set_cold_probe(vramswap_cold_probe_fn probe) VRAMSWAP_NOEXCEPT;
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

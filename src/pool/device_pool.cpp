@@ -285,7 +285,7 @@ class DevicePool::Impl {
     kReclaim
   };
   bool relieve(Relief relief, uint64_t bytes, cudaStream_t stream, std::unique_lock<std::mutex>& lock);
-  bool call_reclaimer(uint64_t bytes, ReclaimMode mode, std::unique_lock<std::mutex>& lock);
+  bool call_reclaimer(uint64_t bytes, ReclaimMode mode, cudaStream_t stream, std::unique_lock<std::mutex>& lock);
   void* take(BlockIt b, uintptr_t start, uint64_t size, cudaStream_t stream, bool offloadable, bool mapped_new);
   std::string oom_report(size_t requested, uint64_t rounded, const std::string& why) const;
   uint64_t granule_index(uintptr_t addr) const { return (addr - va_.base()) / granularity_; }
@@ -649,14 +649,15 @@ void DevicePool::Impl::drain_pending(std::unique_lock<std::mutex>& lock) {
   poll_pending();
 }
 
-bool DevicePool::Impl::call_reclaimer(uint64_t bytes, ReclaimMode mode, std::unique_lock<std::mutex>& lock) {
+bool DevicePool::Impl::call_reclaimer(uint64_t bytes, ReclaimMode mode, cudaStream_t stream,
+                                      std::unique_lock<std::mutex>& lock) {
   if (!reclaimer_) return false;
   Reclaimer reclaim = reclaimer_;
   ++reclaimer_calls_;
   lock.unlock();
   uint64_t freed = 0;
   try {
-    freed = reclaim(bytes, mode);
+    freed = reclaim(bytes, mode, stream);
   } catch (...) {
     lock.lock();
     if (--reclaimer_calls_ == 0) reclaimer_idle_.notify_all();
@@ -678,7 +679,7 @@ bool DevicePool::Impl::relieve(Relief relief, uint64_t bytes, cudaStream_t strea
       flush_quick();
       break;
     case Relief::kReclaimNoWait:
-      if (!call_reclaimer(bytes, ReclaimMode::kNoWait, lock)) return false;
+      if (!call_reclaimer(bytes, ReclaimMode::kNoWait, stream, lock)) return false;
       break;
     case Relief::kDrainPending:
       if (pending_.empty() && promotions_.empty()) return false;
@@ -698,7 +699,7 @@ bool DevicePool::Impl::relieve(Relief relief, uint64_t bytes, cudaStream_t strea
       break;
     }
     case Relief::kReclaim:
-      if (!call_reclaimer(bytes, ReclaimMode::kFull, lock)) return false;
+      if (!call_reclaimer(bytes, ReclaimMode::kFull, stream, lock)) return false;
       break;
   }
   unmap_unused();

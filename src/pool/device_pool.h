@@ -221,13 +221,14 @@ class DevicePool {
               // it may start work for later
     kFull,    // it may start work and wait for it
   };
-  // Called, with no pool lock held, when an allocation found no memory within the limit;
-  // it should free at least `bytes` of device memory (for instance by unmap_block()ing
-  // evicted blocks) and return how much it freed (0: nothing). Set before allocations
+  // Called, with no pool lock held, when an allocation for `stream` (any_stream() for
+  // cudaMalloc's) found no memory within the limit; it should free at least `bytes` of
+  // device memory (for instance by unmap_block()ing evicted blocks) and return how much it
+  // freed (0: nothing). Set before allocations
   // start; setting another (nullptr included) waits for calls of the old one in progress,
   // so its owner may be destroyed once set_reclaimer() returns (never call it from inside
   // the reclaimer).
-  using Reclaimer = std::function<uint64_t(uint64_t bytes, ReclaimMode mode)>;
+  using Reclaimer = std::function<uint64_t(uint64_t bytes, ReclaimMode mode, cudaStream_t stream)>;
   void set_reclaimer(Reclaimer reclaimer);
 
   // The VMM allocation granularity of the device. Thread-safe (immutable).

@@ -114,7 +114,8 @@ class Engine::Impl {
   Status unpack(uint64_t handle, cudaStream_t stream);
   Status release(uint64_t handle);
   Status prefetch(uint64_t handle);
-  uint64_t reclaim(uint64_t bytes, ReclaimMode mode) {
+  uint64_t reclaim(uint64_t bytes, ReclaimMode mode, cudaStream_t stream) {
+    probe_cold(stream);
     cuda::RelaxedCaptureScope relaxed;
     std::lock_guard lock(mu_);
     if (mode == ReclaimMode::kFull && recorder_.active()) {
@@ -140,6 +141,23 @@ class Engine::Impl {
       stats::log(stats::LogLevel::kWarn, "reclaiming memory on device %d failed: %s", device_, e.what());
       return unmapped_total_ - before;
     }
+  }
+  // Asks the tracker's probe (EngineOptions::cold_probe) to mark what went cold since it
+  // last looked, before victims are chosen. Not under mu_ (the probe calls mark_cold), and
+  // never from within the probe (an allocation it makes may come back here).
+  void probe_cold(cudaStream_t stream) {
+    static thread_local bool probing = false;
+    if (!options_.cold_probe || probing) return;
+    probing = true;
+    try {
+      const uint64_t marked = options_.cold_probe(stream == pool::any_stream() ? nullptr : stream);
+      if (marked > 0)
+        stats::log(stats::LogLevel::kDebug, "device %d: memory is short: the tracker marked %llu block(s) cold",
+                   device_, static_cast<unsigned long long>(marked));
+    } catch (...) {
+      // The probe is the tracker's: a failure there leaves blocks in use, which is safe.
+    }
+    probing = false;
   }
   EngineStats stats();
   std::string check_invariants();
@@ -1311,7 +1329,9 @@ void Engine::Impl::reset_peaks() {
 
 Engine::Engine(pool::DevicePool& pool, const EngineOptions& options)
     : impl_(std::make_unique<Impl>(pool, options)) {
-  pool.set_reclaimer([impl = impl_.get()](uint64_t bytes, ReclaimMode mode) { return impl->reclaim(bytes, mode); });
+  pool.set_reclaimer([impl = impl_.get()](uint64_t bytes, ReclaimMode mode, cudaStream_t stream) {
+    return impl->reclaim(bytes, mode, stream);
+  });
 }
 Engine::~Engine() { impl_->detach(); }
 void* Engine::allocate_tagged(size_t size, cudaStream_t stream, std::string* error) {
@@ -1325,7 +1345,9 @@ Status Engine::mark_cold(uint64_t h, cudaStream_t stream) { return impl_->mark_c
 Status Engine::unpack(uint64_t h, cudaStream_t stream) { return impl_->unpack(h, stream); }
 Status Engine::release(uint64_t h) { return impl_->release(h); }
 Status Engine::prefetch(uint64_t h) { return impl_->prefetch(h); }
-uint64_t Engine::reclaim(uint64_t bytes, ReclaimMode mode) { return impl_->reclaim(bytes, mode); }
+uint64_t Engine::reclaim(uint64_t bytes, ReclaimMode mode, cudaStream_t stream) {
+  return impl_->reclaim(bytes, mode, stream);
+}
 EngineStats Engine::stats() const { return impl_->stats(); }
 void Engine::trim_host() { impl_->trim_host(); }
 std::string Engine::pressure_report() const { return impl_->pressure_report(); }

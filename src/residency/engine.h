@@ -67,6 +67,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -82,6 +83,11 @@ struct EngineOptions {
   int horizon = 4;                 // blocks prefetched ahead, and protected from eviction
   bool verify = false;             // checksum at eviction, checked at restore
   bool plan = true;                // record steps and follow their plan (VRAMSWAP_PLAN)
+  // The tracker's cold probe (vramswap_set_cold_probe): asked, with no lock of the engine's
+  // held, to mark cold (mark_cold, on the stream it is given) the blocks that went cold since
+  // the tracker last looked; returns how many it marked. Called when an allocation for that
+  // stream finds memory short, before the engine looks for victims; never from within itself.
+  std::function<uint64_t(cudaStream_t stream)> cold_probe;
 };
 
 struct EngineStats {
@@ -154,8 +160,10 @@ class Engine {
 
   // Frees at least `bytes` of device memory (the pool's reclaimer), as far as `mode` allows:
   // kNoWait drops clean blocks (and starts the copies of evictable ones further away);
-  // kFull also waits for copies and starts more. Returns the bytes freed. Thread-safe.
-  uint64_t reclaim(uint64_t bytes, pool::DevicePool::ReclaimMode mode = pool::DevicePool::ReclaimMode::kFull);
+  // kFull also waits for copies and starts more. `stream`: the allocation's (for the cold
+  // probe, EngineOptions::cold_probe, which runs first). Returns the bytes freed. Thread-safe.
+  uint64_t reclaim(uint64_t bytes, pool::DevicePool::ReclaimMode mode = pool::DevicePool::ReclaimMode::kFull,
+                   cudaStream_t stream = nullptr);
 
   // The counters, after reaping the copies that have completed (so a block whose copy is
   // done counts as evicted or restored). Thread-safe.

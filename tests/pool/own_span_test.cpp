@@ -182,7 +182,7 @@ TEST_F(OwnSpan, TheReclaimerRunsAtTheLimitAndItsPagesAreUsed) {
   ASSERT_NE(nullptr, victim);
   using Mode = DevicePool::ReclaimMode;
   std::vector<Mode> modes;  // of each call
-  pool().set_reclaimer([&](uint64_t bytes, Mode mode) -> uint64_t {
+  pool().set_reclaimer([&](uint64_t bytes, Mode mode, cudaStream_t) -> uint64_t {
     modes.push_back(mode);
     EXPECT_GE(4 * g, bytes);
     return pool().unmap_block(victim).ok ? 4 * g : 0;
@@ -212,7 +212,7 @@ TEST_F(OwnSpan, SettingTheReclaimerWaitsForACallInProgress) {
   bool entered = false, let_go = false;
   std::atomic<bool> detached{false};
   std::atomic<bool> detached_while_running{false};
-  pool().set_reclaimer([&](uint64_t, DevicePool::ReclaimMode) -> uint64_t {
+  pool().set_reclaimer([&](uint64_t, DevicePool::ReclaimMode, cudaStream_t) -> uint64_t {
     std::unique_lock lock(mu);
     entered = true;
     changed.notify_all();

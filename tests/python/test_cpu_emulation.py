@@ -63,7 +63,7 @@ def instrument(vramswap, torch, model, result):
         probes.append({
             "name": name,
             "saved": handle is not None,
-            "not_cold": handle is not None and handle in tracker._tracker._pending,
+            "not_cold": handle is not None and tracker._tracker.is_pending(handle),
             "readable": not faults_on_read(x.data_ptr()),
             "evictions_before": vramswap.memory_stats()["num_evictions"],
         })

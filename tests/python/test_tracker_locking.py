@@ -138,7 +138,7 @@ def destructor_under_lock(torch, vramswap, tracker):
         gc.enable()
     T.poll_cold()  # any later tracker call settles what the destructor left
     stats = vramswap.tracker_stats()
-    check(handle not in T._live and handle not in T._pending,
+    check(handle not in T._live and not T.is_pending(handle),
           "the dead _Saved's handle is forgotten by the tracker")
     check(stats["releases"] == before["releases"] + 1,
           f"its release is counted ({before['releases']} -> {stats['releases']})")

@@ -65,6 +65,7 @@ def _declare(lib):
         "vramswap_unpack": (i, [u64, vp]),
         "vramswap_release": (i, [u64]),
         "vramswap_prefetch": (i, [u64]),
+        "vramswap_set_cold_probe": (None, [vp]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

@@ -10,10 +10,14 @@ tagged, placed on pages of their own) and installs torch.autograd.graph.saved_te
              The first pack after the scope opens or after a backward ran calls
              vramswap_graph_begin (a new forward).
   cold       a block is cold when the only TensorImpls holding its storage are the tracker's
-             own aliases: c10::StorageImpl's use count (through the extension's
-             torch.ops.vramswap.storage_use_count) equals the number of live _Saved objects
-             of that handle. Checked for every not-yet-cold handle at each pack and unpack,
-             and when a scope closes; then vramswap_mark_cold on the current stream.
+             own aliases: c10::StorageImpl's use count equals the number of live _Saved
+             objects of that handle. The not-yet-cold handles are kept by the extension
+             (torch.ops.vramswap.watch/forget/poll_cold, Note [Pending blocks] in
+             csrc/cpu_sim.cpp), which checks them at each pack and unpack, when a scope
+             closes, and, through vramswap's cold probe (vramswap_set_cold_probe), whenever
+             an allocation finds memory short: a block whose last reference the program
+             dropped between two hooks is marked then, before anything is evicted or an
+             out-of-memory is reported. Then vramswap_mark_cold on the current stream.
   unpack(p)  vramswap_unpack on the current stream; in the CPU-emulation mode the legacy
              stream is synchronized before the tensor is returned (CPU ops are not
              stream-ordered).
@@ -46,6 +50,7 @@ equals that count), never make one early.
 """
 import collections
 import contextlib
+import ctypes
 import threading
 import weakref
 
@@ -74,12 +79,13 @@ class _Tracker:
     def __init__(self):
         self._lock = threading.Lock()
         self._live = {}        # handle -> number of live _Saved objects
-        self._saved = {}       # handle -> WeakSet of its live _Saved objects (to probe)
-        self._pending = set()  # handles packed but not yet marked cold
+        self._saved = {}       # handle -> WeakSet of its live _Saved objects
+        # The handles packed but not yet marked cold are the extension's (is_pending()).
+        self._probe_installed = False
         self._depth = 0        # open offload() scopes, all threads
         self._new_graph = True
         self._drops = collections.deque()  # (handle, released) of dead _Saved, not yet counted
-        self.stats = {"packs": 0, "untagged": 0, "cold": 0, "unpacks": 0, "releases": 0}
+        self.stats = {"packs": 0, "untagged": 0, "unpacks": 0, "releases": 0}
 
     @contextlib.contextmanager
     def _locked(self):
@@ -101,15 +107,35 @@ class _Tracker:
             if n <= 0:
                 self._live.pop(h, None)
                 self._saved.pop(h, None)
-                self._pending.discard(h)
             else:
                 self._live[h] = n  # the WeakSet dropped the dead object itself
+            _ext.load().set_aliases(h, max(n, 0))
             if released:
                 self.stats["releases"] += 1
 
     def stats_snapshot(self):
         with self._locked():
-            return dict(self.stats)
+            snapshot = dict(self.stats)
+        snapshot["cold"] = _ext.load().num_cold_marks()
+        return snapshot
+
+    def is_pending(self, h):
+        """True while handle h is packed and not yet marked cold (nor unpacked)."""
+        return _ext.load().is_pending(h)
+
+    def _install_probe(self):
+        """Registers the extension's cold probe with vramswap, once."""
+        with self._locked():
+            if self._probe_installed:
+                return
+            self._probe_installed = True
+        lib = _lib.lib()
+
+        def addr(fn):
+            return ctypes.cast(fn, ctypes.c_void_p).value
+
+        probe = _ext.load().install_cold_probe(addr(lib.vramswap_mark_cold), addr(lib.vramswap_last_error))
+        lib.vramswap_set_cold_probe(probe)
 
     # -- streams --------------------------------------------------------------------
     @staticmethod
@@ -135,11 +161,12 @@ class _Tracker:
                 self.stats["untagged"] += 1
             return t
         saved = _Saved(t.detach(), h)
+        ops = _ext.load()
         with self._locked():
             self.stats["packs"] += 1
-            self._live[h] = self._live.get(h, 0) + 1
+            n = self._live[h] = self._live.get(h, 0) + 1
             self._saved.setdefault(h, weakref.WeakSet()).add(saved)
-            self._pending.add(h)
+            ops.watch(saved.tensor, h, n)
         self.poll_cold()
         return saved
 
@@ -149,7 +176,7 @@ class _Tracker:
         lib = _lib.lib()
         with self._locked():
             self._new_graph = True  # a backward ran: the next pack starts a forward
-            self._pending.discard(p.handle)  # unpacked: in use, not cold
+        _ext.load().forget(p.handle)  # unpacked: in use, not cold (before the sweep below)
         self.poll_cold()
         _lib.check(lib.vramswap_unpack(p.handle, self._stream()), "vramswap_unpack")
         sim.synchronize()
@@ -168,31 +195,13 @@ class _Tracker:
     # -- cold ------------------------------------------------------------------------
     def poll_cold(self):
         """Marks cold every pending block whose storage only the tracker's aliases hold."""
-        ops = _ext.load()
         with self._locked():
-            pending = []
-            for h in self._pending:
-                probe = next((s.tensor for s in self._saved.get(h, ()) if s.tensor is not None), None)
-                pending.append((h, probe, self._live.get(h, 0)))
-        lib = _lib.lib()
-        stream = self._stream()
-        for h, probe, live in pending:
-            if probe is None or live == 0:
-                continue
-            # probe itself is one of the `live` aliases; the list above holds no extra
-            # TensorImpl (it holds the same Python object), so the counts compare directly.
-            if ops.storage_use_count(probe) != live:
-                continue
-            with self._locked():
-                if h not in self._pending:
-                    continue
-                self._pending.discard(h)
-            _lib.check(lib.vramswap_mark_cold(h, stream), "vramswap_mark_cold")
-            with self._locked():
-                self.stats["cold"] += 1
+            pass  # the drops queued so far are counted: the extension's counts are current
+        _ext.load().poll_cold(self._stream() or 0)
 
     # -- scope -------------------------------------------------------------------------
     def enter(self):
+        self._install_probe()
         _lib.lib().vramswap_scope_push()
         with self._locked():
             if self._depth == 0:

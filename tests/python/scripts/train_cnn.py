@@ -2,8 +2,9 @@
 """A plain torch training script (no vramswap in it), for `vramswap run` tests: a small
 residual convolutional network with batch norm, trained with SGD and momentum.
 
-    image -> conv 3x3 + BN + ReLU -> STAGES x (two residual blocks, the second stage and on
-    starting with a stride-2 block and a 1x1 projection) -> average pool -> linear
+    image -> conv 3x3 + BN + ReLU -> STAGES x (BLOCKS residual blocks, two by default, the
+    second stage and on starting with a stride-2 block and a 1x1 projection) -> average
+    pool -> linear
 
 Each residual block: conv 3x3, BN, ReLU, conv 3x3, BN, + shortcut, ReLU (resnet18's basic
 block). Batch norm's running statistics are buffers updated in the forward; its saved mean
@@ -12,7 +13,7 @@ Random images and labels with a fixed seed; with one thread every op is determin
 Writes to OUT (JSON) the loss of each step, a sha256 of each step's gradients and a sha256
 of the parameters and buffers after training.
 
-Usage: python3 train_cnn.py OUT [--steps N] [--batch B] [--size PIXELS] [--width C]
+Usage: python3 train_cnn.py OUT [--steps N] [--batch B] [--size PIXELS] [--width C] [--blocks N]
 """
 import argparse
 import hashlib
@@ -42,14 +43,14 @@ class Block(torch.nn.Module):
 
 
 class Net(torch.nn.Module):
-    def __init__(self, width, stages=3):
+    def __init__(self, width, stages=3, blocks=2):
         super().__init__()
         nn = torch.nn
         self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
         layers, c = [], width
         for i in range(stages):
             cout = width * 2 ** i
-            layers += [Block(c, cout, 1 if i == 0 else 2), Block(cout, cout, 1)]
+            layers += [Block(c, cout, 1 if i == 0 else 2)] + [Block(cout, cout, 1) for _ in range(blocks - 1)]
             c = cout
         self.layers = nn.Sequential(*layers)
         self.head = nn.Linear(c, CLASSES)
@@ -72,10 +73,11 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--width", type=int, default=16)
+    ap.add_argument("--blocks", type=int, default=2, help="residual blocks per stage")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = Net(a.width)
+    model = Net(a.width, blocks=a.blocks)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     result = {"loss": [], "grad_sha256": []}
     for _ in range(a.steps):

@@ -18,8 +18,18 @@
 //       and vramswap's report.
 //   uninstall_cpu_allocator() -> ()      back to c10's default CPU allocator
 //   storage_use_count(Tensor t) -> int   c10::StorageImpl's reference count: how many
-//       TensorImpls (and Python storage objects) hold t's storage. The tracker uses it to
-//       see that only its own saved references still reach a block (cold).
+//       TensorImpls (and Python storage objects) hold t's storage.
+// and the tracker's pending blocks (packed, not yet cold; Note [Pending blocks]):
+//   install_cold_probe(int mark_cold_fn, int last_error_fn) -> int
+//       takes the addresses of vramswap_mark_cold and vramswap_last_error and returns the
+//       address of the probe, for vramswap_set_cold_probe
+//   watch(Tensor alias, int handle, int aliases) -> ()   handle is pending; its block is
+//       cold once its storage is held by exactly `aliases` references (the tracker's own)
+//   set_aliases(int handle, int aliases) -> ()   a pending handle's count changed (0: gone)
+//   forget(int handle) -> ()                     no longer pending (unpacked)
+//   poll_cold(int stream) -> int                 marks cold, on `stream`, every pending
+//       block whose storage only the tracker holds; how many (raises if vramswap refused one)
+//   is_pending(int handle) -> bool, num_cold_marks() -> int
 //
 // Invariants: the allocator object is never destroyed (tensors can be freed during
 // interpreter shutdown, after static destructors ran), and a DataPtr allocated by it
@@ -32,8 +42,11 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <vector>
 
 namespace {
 
@@ -115,6 +128,119 @@ int64_t storage_use_count(const at::Tensor& t) {
   return static_cast<int64_t>(t.storage().use_count());
 }
 
+// Note [Pending blocks]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A saved block is cold when only the tracker's aliases hold its storage. The program's last
+// reference goes away in between two of the tracker's calls, where no hook runs, so an
+// allocation made then may find memory short only because such blocks are not marked yet.
+// The pending set is therefore kept here, in C++, where vramswap's cold probe (called by
+// vramswap_malloc, on the allocating thread, with no lock of vramswap's held) can look at it
+// without Python: the probe and the tracker's own poll_cold() run the same sweep.
+//
+// Each pending handle holds a weak reference to its storage (the block's memory is not
+// kept alive by it) and the number of the tracker's aliases of it (the Python side's count,
+// which may lag behind by drops not yet counted: that only delays a cold mark). A handle
+// leaves the set when it is marked cold, unpacked (forget) or has no alias left.
+//
+// The sweep marks cold while it holds the set's mutex: an unpack on another thread
+// (forget, then vramswap_unpack) cannot slip in between the sweep's test and its mark, which
+// would leave a block in use marked cold. The mutex is never held while waiting for
+// anything else but vramswap's own locks, and vramswap never calls the probe under them.
+using MarkColdFn = int (*)(uint64_t, void*);
+
+struct Pending {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  int64_t aliases = 0;
+};
+
+std::atomic<MarkColdFn> g_mark_cold{nullptr};
+std::atomic<int64_t> g_cold_marks{0};
+std::mutex g_pending_mu;
+
+std::unordered_map<uint64_t, Pending>& pending() {
+  static auto* const map = new std::unordered_map<uint64_t, Pending>();  // leaked: see the invariants
+  return *map;
+}
+
+void watch(const at::Tensor& alias, int64_t handle, int64_t aliases) {
+  TORCH_CHECK(alias.has_storage(), "watch: the alias has no storage");
+  std::lock_guard lock(g_pending_mu);
+  auto [it, added] = pending().try_emplace(uint64_t(handle), Pending{alias.storage().getWeakStorageImpl(), 0});
+  it->second.aliases = aliases;
+}
+
+void set_aliases(int64_t handle, int64_t aliases) {
+  std::lock_guard lock(g_pending_mu);
+  auto it = pending().find(uint64_t(handle));
+  if (it == pending().end()) return;
+  if (aliases <= 0) {
+    pending().erase(it);
+  } else {
+    it->second.aliases = aliases;
+  }
+}
+
+void forget(int64_t handle) {
+  std::lock_guard lock(g_pending_mu);
+  pending().erase(uint64_t(handle));
+}
+
+// Marks cold every pending block held only by the tracker's aliases; returns how many.
+// A refused mark leaves the handle pending; *refusal gets vramswap's message for the first.
+size_t sweep(void* stream, std::string* refusal) {
+  const MarkColdFn mark_cold = g_mark_cold.load();
+  if (mark_cold == nullptr) return 0;
+  std::lock_guard lock(g_pending_mu);
+  size_t marked = 0;
+  for (auto it = pending().begin(); it != pending().end();) {
+    const size_t uses = it->second.storage.use_count();
+    if (uses == 0 || int64_t(uses) != it->second.aliases) {
+      ++it;
+      continue;
+    }
+    if (mark_cold(it->first, stream) != 0) {
+      if (refusal != nullptr && refusal->empty()) refusal->assign(report());
+      ++it;
+      continue;
+    }
+    ++marked;
+    it = pending().erase(it);
+  }
+  g_cold_marks.fetch_add(int64_t(marked));
+  return marked;
+}
+
+// vramswap's cold probe (vramswap_set_cold_probe). A refused mark is left to the tracker's
+// next poll, which reports it.
+extern "C" size_t vramswap_torch_cold_probe(int /*device*/, void* stream) noexcept {
+  try {
+    return sweep(stream, nullptr);
+  } catch (...) {
+    return 0;
+  }
+}
+
+int64_t install_cold_probe(int64_t mark_cold_fn, int64_t last_error_fn) {
+  TORCH_CHECK(mark_cold_fn != 0, "install_cold_probe: null function address");
+  g_mark_cold.store(reinterpret_cast<MarkColdFn>(mark_cold_fn));
+  if (last_error_fn != 0) g_last_error.store(reinterpret_cast<LastErrorFn>(last_error_fn));
+  return reinterpret_cast<int64_t>(&vramswap_torch_cold_probe);
+}
+
+int64_t poll_cold(int64_t stream) {
+  std::string refusal;
+  const size_t marked = sweep(reinterpret_cast<void*>(stream), &refusal);
+  TORCH_CHECK(refusal.empty(), "vramswap_mark_cold failed: ", refusal);
+  return int64_t(marked);
+}
+
+bool is_pending(int64_t handle) {
+  std::lock_guard lock(g_pending_mu);
+  return pending().count(uint64_t(handle)) == 1;
+}
+
+int64_t num_cold_marks() { return g_cold_marks.load(); }
+
 }  // namespace
 
 TORCH_LIBRARY(vramswap, m) {
@@ -123,4 +249,11 @@ TORCH_LIBRARY(vramswap, m) {
   m.def("uninstall_cpu_allocator() -> ()", &uninstall_cpu_allocator);
   m.def("cpu_allocator_installed() -> bool", &cpu_allocator_installed);
   m.def("storage_use_count(Tensor t) -> int", &storage_use_count);
+  m.def("install_cold_probe(int mark_cold_fn, int last_error_fn) -> int", &install_cold_probe);
+  m.def("watch(Tensor alias, int handle, int aliases) -> ()", &watch);
+  m.def("set_aliases(int handle, int aliases) -> ()", &set_aliases);
+  m.def("forget(int handle) -> ()", &forget);
+  m.def("poll_cold(int stream) -> int", &poll_cold);
+  m.def("is_pending(int handle) -> bool", &is_pending);
+  m.def("num_cold_marks() -> int", &num_cold_marks);
 }
