@@ -509,6 +509,23 @@ class Runner:
             raise SystemExit(f"suite.py: asking torch about the device failed: {detail}")
         return json.loads(out.read_text())
 
+    def copies(self):
+        """tests/gpu/copy_cost.py in a child: its JSON, or {"status": ..., "message": ...}."""
+        remaining = self.deadline - time.monotonic()
+        if remaining < 15:
+            return {"status": "skipped", "message": "the time budget was spent"}
+        out = self.tmp / "copies.json"
+        cmd = [sys.executable, str(Path(__file__).resolve().parent / "copy_cost.py"), "--json", str(out)]
+        if self.args.cpu_sim:
+            cmd.append("--cpu-sim")
+        try:
+            proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=min(120, remaining))
+        except subprocess.TimeoutExpired:
+            return {"status": "timeout", "message": "no result after 120 s"}
+        if proc.returncode != 0 or not out.exists():
+            return {"status": "error", "message": tail(proc.stderr or proc.stdout)}
+        return {"status": "ok", **json.loads(out.read_text())}
+
     def run(self, mode, cfg, limit_bytes=None):
         remaining = self.deadline - time.monotonic()
         if remaining < 15:
@@ -625,10 +642,43 @@ def markdown(report):
               "addresses). Offload limits are a percentage of the vramswap mode's peak reserved bytes; "
               "vramswap's counters are per timed step. \"identical\": every step's loss and every "
               "gradient bit-identical (sha256) to the torch mode's.", ""]
+    lines += copies_markdown(report.get("copies") or {})
     lines.append("Checks: all held." if not report["failures"] else "Checks:")
     lines += [f"- FAIL: {f}" for f in report["failures"]]
     lines += [f"- note: {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def copies_markdown(copies):
+    """The copy-cost section (tests/gpu/copy_cost.py): per size the device time of one copy
+    each way, and the fit t = a + s / B with its break-even size s* = a * B."""
+    if copies.get("status") != "ok":
+        return [f"Copy cost: {copies.get('status', 'not measured')}: {copies.get('message', '')}", ""]
+
+    def size(n):
+        return fmt_bytes(n) if n >= MIB else f"{n / 1024:.0f} KiB"
+
+    where = "cudasim's model, not a card" if copies.get("clock") == "cudasim" else "device time (CUDA events)"
+    lines = [f"Copy cost (pinned host memory, one cudaMemcpyAsync per copy; {where}):", "",
+             "| bytes | device to host | host to device |", "| --- | --- | --- |"]
+    rows = {(r["direction"], r["bytes"]): r for r in copies["rows"]}
+    for nbytes in sorted({r["bytes"] for r in copies["rows"]}):
+        cells = [size(nbytes)]
+        for d in ("device_to_host", "host_to_device"):
+            r = rows.get((d, nbytes))
+            cells.append(f"{r['device_ns_per_copy'] / 1000:.2f} us" if r else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for d, f in copies.get("fit", {}).items():
+        rate = f"{f['bytes_per_ns']:.1f} GB/s" if f.get("bytes_per_ns") is not None else "n/a"
+        be = size(f["breakeven_bytes"]) if f.get("breakeven_bytes") is not None else "n/a"
+        lines.append(f"- {d.replace('_', ' ')}: fixed cost {f['fixed_ns'] / 1000:.2f} us, rate {rate}, "
+                     f"break-even size (fixed cost = transfer time) {be}"
+                     + ("; the host was slower than the device at the smallest size" if f.get("host_bound_at_smallest")
+                        else ""))
+    lines += ["", "VRAMSWAP_MIN_OFFLOAD_BYTES (64 KiB by default) should not be far below the break-even "
+              "size: below it a block's copies spend more time on their fixed cost than on its bytes.", ""]
+    return lines
 
 
 def output_paths(args, date, slug):
@@ -742,8 +792,13 @@ def main(argv):
         if args.cpu_sim:
             results.append({"mode": "save_on_cpu", "status": "skipped",
                             "message": "needs a GPU (pinned host memory and device copies)"})
+        print(f"{'copies':24s} ...", end="", flush=True)
+        copies = runner.copies()
+        print(f" {copies['status']}" + (f": {copies.get('message', '')}" if copies["status"] != "ok" else ""))
 
     failures, notes = evaluate(results, by_mode, args)
+    if copies["status"] in ("error", "timeout"):
+        failures.append(f"copies: {copies['status']}: {copies.get('message', '')[:300]}")
     ref = by_mode.get("torch", {})
     date = datetime.date.today().isoformat()
     for r in results:  # the digests did their work; the files keep one per mode
@@ -751,7 +806,7 @@ def main(argv):
             digests = json.dumps(r.pop("grad_digests"), sort_keys=True).encode()
             r["grads_digest"] = hashlib.sha256(digests).hexdigest()
     report = {"date": date, "command": command, "device": device, "torch_version": info["torch_version"],
-              "workload": cfg, "num_parameters": ref.get("num_parameters"), "modes": results,
+              "workload": cfg, "num_parameters": ref.get("num_parameters"), "modes": results, "copies": copies,
               "failures": failures, "notes": notes, "passed": not failures}
     json_path, md_path = output_paths(args, date, slug)
     json_path.write_text(json.dumps(report, indent=2) + "\n")
