@@ -37,11 +37,6 @@ std::string one_line(std::string text) {
 // destructor, so it is safe in threads that outlive the library's teardown.
 thread_local int t_scope_depth = 0;
 
-// Settings that become the options of each device's pool and engine when they are created:
-// configure() refuses to change them afterwards (Note [The process-wide allocator]).
-constexpr std::string_view kFrozenKeys[] = {"VRAMSWAP_LIMIT", "VRAMSWAP_SOFT_LIMIT", "VRAMSWAP_HOST_LIMIT",
-                                            "VRAMSWAP_HORIZON", "VRAMSWAP_VERIFY", "VRAMSWAP_PLAN"};
-
 std::string handle_text(uint64_t handle) {
   char text[24];
   std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(handle));
@@ -161,13 +156,15 @@ std::optional<std::string> Allocator::configure(std::string_view key, std::strin
   config::Config next = config_;
   if (std::optional<std::string> error = config::apply(next, key, value)) return error;
   if (any_pool_) {
-    for (std::string_view frozen : kFrozenKeys) {
-      const config::KeySpec& spec = *config::find_key(frozen);
-      if (spec.same(next, config_)) continue;
-      return std::string(frozen) + " cannot change to '" + std::string(value) +
-             "' once vramswap has allocated: the device pools and engines were created under " +
-             std::string(frozen) + "=" + spec.show(config_, spec) +
-             "; set it before the first allocation (in the environment or with vramswap_configure)";
+    // Settings that became the options of the device pools and engines (the table's
+    // "takes effect" column; Note [The process-wide allocator]).
+    for (const config::KeySpec& spec : config::keys()) {
+      if (spec.takes_effect == config::TakesEffect::kAtOnce || spec.same(next, config_)) continue;
+      const std::string name(spec.name);
+      return name + " cannot change to '" + std::string(value) +
+             "' once vramswap has allocated: the device pools and engines were created under " + name + "=" +
+             spec.show(config_, spec) + "; set it before the first allocation (in the environment or with "
+             "vramswap_configure)";
     }
   }
   config_ = std::move(next);

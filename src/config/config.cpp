@@ -71,59 +71,63 @@ struct Binding {
 };
 
 template <KeyType kType, auto kField>
-constexpr KeySpec key(std::string_view name, std::string_view default_value, std::string_view range,
-                      std::string_view doc) {
+constexpr KeySpec key(std::string_view name, TakesEffect takes_effect, std::string_view default_value,
+                      std::string_view range, std::string_view doc) {
   using B = Binding<kType, kField>;
-  return KeySpec{name, kType, default_value, range, doc, &B::set, &B::show, &B::same};
+  return KeySpec{name, kType, takes_effect, default_value, range, doc, &B::set, &B::show, &B::same};
 }
 
-// The table. One row per key: type and field, name, default (as a user writes it; "" is
-// unset), range (see KeyType), and the one-line doc the README and the settings dump show.
+constexpr TakesEffect kAtOnce = TakesEffect::kAtOnce;
+constexpr TakesEffect kAtCreation = TakesEffect::kBeforeFirstAllocation;
+
+// The table. One row per key: type and field, name, when a change takes effect, default (as
+// a user writes it; "" is unset), range (see KeyType), and the one-line doc the README and
+// the settings dump show.
 constexpr KeySpec kKeys[] = {
     key<KeyType::kSizeOrPercent, &Config::limit>(
-        "VRAMSWAP_LIMIT", "0", "the card",
+        "VRAMSWAP_LIMIT", kAtCreation, "0", "the card",
         "Device memory vramswap may use on each GPU: the card behaves as if it had only this much. "
         "0 or unset: the whole card; more than the card: the whole card."),
     key<KeyType::kSizeOrPercent, &Config::soft_limit>(
-        "VRAMSWAP_SOFT_LIMIT", "90%", "the limit",
+        "VRAMSWAP_SOFT_LIMIT", kAtCreation, "90%", "the limit",
         "Resident device memory without a host copy above which cold blocks are copied to host memory in "
         "the background, ahead of need; their pages are given up, with no wait, only when an allocation needs "
         "them. 100%, 0 or at least the limit: no background copies, cold blocks are evicted only when an "
         "allocation would pass VRAMSWAP_LIMIT."),
     key<KeyType::kOptionalSize, &Config::host_limit>(
-        "VRAMSWAP_HOST_LIMIT", "", "2MiB..",
+        "VRAMSWAP_HOST_LIMIT", kAtCreation, "", "2MiB..",
         "Pinned host memory that each device's eviction tier may hold; when it is full, eviction stops and "
         "allocations past the limit fail. Unset: half of the host's memory (or of the cgroup's limit)."),
     key<KeyType::kSize, &Config::min_offload_bytes>(
-        "VRAMSWAP_MIN_OFFLOAD_BYTES", "64KiB", "",
+        "VRAMSWAP_MIN_OFFLOAD_BYTES", kAtOnce, "64KiB", "",
         "Allocations at least this large made inside an offload scope are tagged (offloadable: under "
         "pressure they are placed so that evicting them frees pages; below half a page, tagged blocks saved one "
         "after another share pages); smaller ones stay in the ordinary pool. 64KiB takes the saved tensors of "
         "small models (a 4-layer GPT at batch 16 saves 64-512 KiB tensors) and leaves out the smallest "
         "(normalization statistics, masks), whose copies would cost more per copy than in transfer time."),
     key<KeyType::kCount, &Config::horizon>(
-        "VRAMSWAP_HORIZON", "4", "0..1024",
+        "VRAMSWAP_HORIZON", kAtCreation, "4", "0..1024",
         "How many of the blocks backward needs next are prefetched ahead of it and evicted only when nothing else can be; 0: no "
         "prefetch, an evicted block is fetched when it is unpacked."),
     key<KeyType::kEnum, &Config::plan>(
-        "VRAMSWAP_PLAN", "auto", "auto|off",
+        "VRAMSWAP_PLAN", kAtCreation, "auto", "auto|off",
         "auto: each training step is recorded, and from the first step that repeats the one before, its "
         "plan is followed: the blocks that must leave are copied out as soon as they are cold and fetched "
         "back as early as memory allows (a step that differs runs under the watermarks; an allocation the "
         "plan left short evicts and waits as it would without one); off: only the watermarks and the "
         "prefetch window decide."),
     key<KeyType::kBool, &Config::verify>(
-        "VRAMSWAP_VERIFY", "0", "",
+        "VRAMSWAP_VERIFY", kAtCreation, "0", "",
         "Checksum each block when it is evicted and check it when it is restored; a mismatch is an error "
         "naming the block. Costs a host pass over every copy."),
     key<KeyType::kEnum, &Config::log_level>(
-        "VRAMSWAP_LOG", "warn", "off|error|warn|info|debug",
+        "VRAMSWAP_LOG", kAtOnce, "warn", "off|error|warn|info|debug",
         "What vramswap writes to stderr; info also prints the effective settings at startup; debug also "
         "logs, one line each, every allocation and free, each block's cold mark, copies out and back, "
         "eviction and unpack outcome, and each step's plan decision (followed, recorded, diverged, the "
         "plan made)."),
     key<KeyType::kPath, &Config::stats_file>(
-        "VRAMSWAP_STATS_FILE", "", "",
+        "VRAMSWAP_STATS_FILE", kAtOnce, "", "",
         "Statistics are written to this file as JSON when the process exits; unset: no file."),
 };
 
@@ -290,11 +294,14 @@ std::string describe(const Config& config) {
 }
 
 std::string markdown_table() {
-  std::string out = "| variable | default | accepted | meaning |\n| --- | --- | --- | --- |\n";
+  std::string out =
+      "| variable | default | accepted | takes effect | meaning |\n| --- | --- | --- | --- | --- |\n";
   for (const KeySpec& spec : kKeys) {
     out += "| `" + std::string(spec.name) + "` | ";
     out += spec.default_value.empty() ? std::string("unset") : "`" + cell(spec.default_value) + "`";
-    out += " | " + cell(accepted_form(spec.type, spec.range)) + " | " + cell(spec.doc) + " |\n";
+    out += " | " + cell(accepted_form(spec.type, spec.range)) + " | ";
+    out += spec.takes_effect == TakesEffect::kAtOnce ? "at once" : "before the first allocation";
+    out += " | " + cell(spec.doc) + " |\n";
   }
   return out;
 }

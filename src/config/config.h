@@ -62,9 +62,17 @@ struct Config {
 
 // One row of the table. `set` and `show` are how the row reaches its Config field; rows
 // are made by the table's key<>() helper, which checks that the field fits the type.
+// When a change of a key takes effect (the table's "takes effect" column).
+enum class TakesEffect {
+  kAtOnce,                   // read at each use: vramswap_configure changes it at any time
+  kBeforeFirstAllocation,    // becomes the options of each device's pool and engine when they
+                             // are created: refused once any pool exists (unless unchanged)
+};
+
 struct KeySpec {
   std::string_view name;           // "VRAMSWAP_..."
   KeyType type;
+  TakesEffect takes_effect;
   std::string_view default_value;  // as a user would write it; "" = unset
   std::string_view range;          // per type, see KeyType in values.h
   std::string_view doc;            // one line, for the README and the settings dump

@@ -40,8 +40,6 @@ constexpr uint64_t kAlignment = 512;
 // The tag of a free block that any stream may reuse (any_stream() in the header).
 const cudaStream_t kAnyStream = any_stream();
 
-uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
-
 // kQuick: freed on its tag's stream with nothing else to wait for, and kept whole, unmerged,
 // in quick_ for the next allocation of the same rounded size on that stream: the common
 // case of a training step (the same shapes every iteration) served in O(1).

@@ -188,7 +188,7 @@ class Engine::Impl {
   void granule_span(const Slot& s, uintptr_t* lo, uintptr_t* hi) const {
     const uint64_t g = pool_.granularity();
     *lo = s.addr / g * g;
-    *hi = (s.addr + s.placed + g - 1) / g * g;
+    *hi = round_up(s.addr + s.placed, g);
   }
   // The soft limit in bytes: the limit when none is set.
   uint64_t soft_limit() const {

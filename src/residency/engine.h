@@ -118,10 +118,8 @@ struct EngineStats {
   uint64_t planned_bytes_d2h = 0;     // bytes the plan's evictions copied out (landed)
 };
 
-struct Status {
-  bool ok = true;
-  std::string message;
-};
+// The outcome of a tracker call: the pool's result type (ok, or refused with a message).
+using Status = pool::Result;
 
 class Engine {
  public:

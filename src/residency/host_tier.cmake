@@ -25,7 +25,7 @@ if(MIMALLOC_INCLUDE_DIR AND MIMALLOC_LIBRARY)
     VRAMSWAP_MIMALLOC_LIBRARY="${MIMALLOC_LIBRARY}")
   target_link_libraries(vramswap_host_tier_mimalloc PUBLIC vramswap_host_tier Threads::Threads
                                                            ${CMAKE_DL_LIBS}
-                                                    PRIVATE vramswap_warnings)
+                                                    PRIVATE vramswap_units vramswap_warnings)
   set_target_properties(vramswap_host_tier_mimalloc PROPERTIES POSITION_INDEPENDENT_CODE ON)
   message(STATUS "host tier: mimalloc arena candidate with ${MIMALLOC_LIBRARY}")
 else()

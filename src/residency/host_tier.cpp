@@ -36,8 +36,6 @@
 namespace vramswap::residency {
 namespace {
 
-uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
-
 uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 void* pointer(uintptr_t a) { return reinterpret_cast<void*>(a); }
 

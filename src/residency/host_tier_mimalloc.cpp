@@ -50,6 +50,8 @@
 
 #include "residency/host_tier.h"
 
+#include "config/units.h"
+
 #ifndef VRAMSWAP_MIMALLOC_LIBRARY
 #define VRAMSWAP_MIMALLOC_LIBRARY "libmimalloc.so.2"
 #endif
@@ -64,7 +66,6 @@ constexpr uint64_t kMiSegment = uint64_t{32} << 20;
 constexpr uint64_t kMiMediumObjMax = uint64_t{128} << 10;
 constexpr uint64_t kMiLargeObjMax = kMiSegment / 2;
 
-uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
 // mimalloc's rounding of a large request (_mi_os_good_alloc_size).

@@ -673,15 +673,17 @@ TEST(Describe, ValuesParseBackToTheSameConfig) {
 TEST(MarkdownTable, HasAHeaderAndOneRowPerKey) {
   std::vector<std::string> got = lines(markdown_table());
   ASSERT_EQ(got.size(), 2 + keys().size());
-  EXPECT_EQ(got[0], "| variable | default | accepted | meaning |");
-  EXPECT_EQ(got[1], "| --- | --- | --- | --- |");
+  EXPECT_EQ(got[0], "| variable | default | accepted | takes effect | meaning |");
+  EXPECT_EQ(got[1], "| --- | --- | --- | --- | --- |");
   for (size_t i = 0; i < keys().size(); ++i) {
     const std::string& row = got[2 + i];
     EXPECT_TRUE(row.starts_with("| `" + std::string(keys()[i].name) + "` | ")) << row;
-    // Four cells: five unescaped '|' (the enum's "a|b" must not split a cell).
+    // Five cells: six unescaped '|' (the enum's "a|b" must not split a cell).
     size_t bars = 0;
     for (size_t j = 0; j < row.size(); ++j) bars += row[j] == '|' && (j == 0 || row[j - 1] != '\\');
-    EXPECT_EQ(bars, 5u) << row;
+    EXPECT_EQ(bars, 6u) << row;
+    const char* when = keys()[i].takes_effect == TakesEffect::kAtOnce ? " | at once | " : " | before the first allocation | ";
+    EXPECT_NE(row.find(when), std::string::npos) << row;
     EXPECT_NE(row.find(std::string(keys()[i].doc)), std::string::npos) << row;
   }
 }

@@ -354,6 +354,27 @@ TEST_F(Plugin, LimitIsFrozenOnceAPoolExists) {
   a.free(p, kMiB, 0, nullptr);
 }
 
+// What the configuration table's "takes effect" column says: once a pool exists, the keys
+// the pools and engines were created with are refused when they would change, the others
+// change at once.
+TEST_F(Plugin, KeysTakeEffectWhenTheTableSays) {
+  void* p = a.malloc(kMiB, 0, nullptr);
+  ASSERT_NE(p, nullptr) << last_error();
+  const char* verify = std::getenv("VRAMSWAP_VERIFY");
+  const std::pair<const char*, const char*> changes[] = {
+      {"VRAMSWAP_LIMIT", "77MiB"},   {"VRAMSWAP_SOFT_LIMIT", "77MiB"}, {"VRAMSWAP_HOST_LIMIT", "77MiB"},
+      {"VRAMSWAP_HORIZON", "7"},     {"VRAMSWAP_PLAN", "off"},
+      {"VRAMSWAP_VERIFY", verify && std::string(verify) == "1" ? "0" : "1"}};
+  for (const auto& [key, value] : changes) {
+    EXPECT_EQ(a.configure(key, value), -1) << key;
+    EXPECT_NE(last_error().find("before the first allocation"), std::string::npos) << key << ": " << last_error();
+  }
+  EXPECT_EQ(a.configure("VRAMSWAP_MIN_OFFLOAD_BYTES", "128KiB"), 0) << last_error();
+  EXPECT_EQ(a.configure("VRAMSWAP_LOG", "error"), 0) << last_error();
+  EXPECT_EQ(a.configure("VRAMSWAP_STATS_FILE", ""), 0) << last_error();
+  a.free(p, kMiB, 0, nullptr);
+}
+
 TEST_F(Plugin, LimitComesFromTheEnvironment) {
   ASSERT_NE(expected_limit(), 0u) << "VRAMSWAP_TEST_EXPECTED_LIMIT is not set";
   void* p = a.malloc(kMiB, 0, nullptr);

@@ -25,12 +25,13 @@
 
 #include "address_space.h"
 #include "api.h"
+#include "config/units.h"
 
 namespace cudasim {
 namespace {
 
 constexpr uint64_t kPage = 4096;
-uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+using vramswap::round_up;
 
 void synchronize_all_devices() {
   for (int i = 0; i < device_count(); ++i) device(i)->synchronize();

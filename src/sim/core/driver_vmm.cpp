@@ -24,6 +24,7 @@
 
 #include "address_space.h"
 #include "api.h"
+#include "config/units.h"
 
 namespace cudasim {
 namespace {
@@ -124,7 +125,7 @@ CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CU
   if (p == MAP_FAILED) {
     void* raw = ::mmap(nullptr, size + align, PROT_NONE, mflags, -1, 0);
     if (raw == MAP_FAILED) return call.ret(CUDA_ERROR_OUT_OF_MEMORY);
-    uintptr_t start = (reinterpret_cast<uintptr_t>(raw) + align - 1) / align * align;
+    uintptr_t start = vramswap::round_up(reinterpret_cast<uintptr_t>(raw), align);
     uintptr_t head = start - reinterpret_cast<uintptr_t>(raw);
     if (head) ::munmap(raw, head);
     if (align - head) ::munmap(reinterpret_cast<void*>(start + size), align - head);
