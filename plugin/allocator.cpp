@@ -52,83 +52,65 @@ void write_stats_at_exit() {
 struct DeviceStats {
   pool::PoolStats pool;
   residency::EngineStats engine;
-
-  void add(const DeviceStats& d) {
-    pool.allocated_bytes += d.pool.allocated_bytes;
-    pool.reserved_bytes += d.pool.reserved_bytes;
-    pool.peak_allocated_bytes += d.pool.peak_allocated_bytes;
-    pool.peak_reserved_bytes += d.pool.peak_reserved_bytes;
-    pool.limit_bytes += d.pool.limit_bytes;
-    pool.num_allocs += d.pool.num_allocs;
-    pool.num_frees += d.pool.num_frees;
-    pool.num_cache_hits += d.pool.num_cache_hits;
-    pool.num_ooms += d.pool.num_ooms;
-    residency::EngineStats& e = engine;
-    const residency::EngineStats& o = d.engine;
-    e.resident_bytes += o.resident_bytes;
-    e.peak_resident_bytes += o.peak_resident_bytes;
-    e.tagged_bytes += o.tagged_bytes;
-    e.evictable_bytes += o.evictable_bytes;
-    e.clean_bytes += o.clean_bytes;
-    e.evicted_bytes += o.evicted_bytes;
-    e.in_flight_bytes += o.in_flight_bytes;
-    e.host_bytes += o.host_bytes;
-    e.peak_host_bytes += o.peak_host_bytes;
-    e.bytes_evicted_total += o.bytes_evicted_total;
-    e.bytes_prefetched_total += o.bytes_prefetched_total;
-    e.num_evictions += o.num_evictions;
-    e.num_prefetches += o.num_prefetches;
-    e.num_faults += o.num_faults;
-    e.num_late_prefetches += o.num_late_prefetches;
-    e.num_clean_reuses += o.num_clean_reuses;
-    e.num_verify_failures += o.num_verify_failures;
-    e.tagged_waste_bytes += o.tagged_waste_bytes;
-    e.peak_tagged_waste_bytes += o.peak_tagged_waste_bytes;
-    e.num_tracked_blocks += o.num_tracked_blocks;
-    e.num_planned_steps += o.num_planned_steps;
-    e.num_plan_divergences += o.num_plan_divergences;
-    e.num_plan_backoffs += o.num_plan_backoffs;
-    e.planned_bytes_d2h += o.planned_bytes_d2h;
-  }
 };
 
+// The counters of the statistics document, in the order vramswap.h lists them (a test holds
+// the two together): each one's key and where it is kept. Everything that sums or writes
+// them walks this one list.
+struct Counter {
+  std::string_view key;
+  uint64_t& (*in)(DeviceStats&);
+};
+#define VRAMSWAP_POOL_COUNTER(key, field) \
+  Counter { key, [](DeviceStats& d) -> uint64_t& { return d.pool.field; } }
+#define VRAMSWAP_ENGINE_COUNTER(field) \
+  Counter { #field, [](DeviceStats& d) -> uint64_t& { return d.engine.field; } }
+const Counter kCounters[] = {
+    VRAMSWAP_POOL_COUNTER("allocated_bytes", allocated_bytes),
+    VRAMSWAP_POOL_COUNTER("reserved_bytes", reserved_bytes),
+    VRAMSWAP_POOL_COUNTER("peak_allocated_bytes", peak_allocated_bytes),
+    VRAMSWAP_POOL_COUNTER("peak_reserved_bytes", peak_reserved_bytes),
+    VRAMSWAP_POOL_COUNTER("device_limit_bytes", limit_bytes),
+    VRAMSWAP_POOL_COUNTER("num_allocs", num_allocs),
+    VRAMSWAP_POOL_COUNTER("num_frees", num_frees),
+    VRAMSWAP_POOL_COUNTER("num_cache_hits", num_cache_hits),
+    VRAMSWAP_POOL_COUNTER("num_ooms", num_ooms),
+    VRAMSWAP_ENGINE_COUNTER(resident_bytes),
+    VRAMSWAP_ENGINE_COUNTER(peak_resident_bytes),
+    VRAMSWAP_ENGINE_COUNTER(tagged_bytes),
+    VRAMSWAP_ENGINE_COUNTER(evictable_bytes),
+    VRAMSWAP_ENGINE_COUNTER(clean_bytes),
+    VRAMSWAP_ENGINE_COUNTER(evicted_bytes),
+    VRAMSWAP_ENGINE_COUNTER(in_flight_bytes),
+    VRAMSWAP_ENGINE_COUNTER(host_bytes),
+    VRAMSWAP_ENGINE_COUNTER(peak_host_bytes),
+    VRAMSWAP_ENGINE_COUNTER(bytes_evicted_total),
+    VRAMSWAP_ENGINE_COUNTER(bytes_prefetched_total),
+    VRAMSWAP_ENGINE_COUNTER(num_evictions),
+    VRAMSWAP_ENGINE_COUNTER(num_prefetches),
+    VRAMSWAP_ENGINE_COUNTER(num_faults),
+    VRAMSWAP_ENGINE_COUNTER(num_late_prefetches),
+    VRAMSWAP_ENGINE_COUNTER(num_clean_reuses),
+    VRAMSWAP_ENGINE_COUNTER(num_verify_failures),
+    VRAMSWAP_ENGINE_COUNTER(tagged_waste_bytes),
+    VRAMSWAP_ENGINE_COUNTER(peak_tagged_waste_bytes),
+    VRAMSWAP_ENGINE_COUNTER(num_tracked_blocks),
+    VRAMSWAP_ENGINE_COUNTER(num_planned_steps),
+    VRAMSWAP_ENGINE_COUNTER(num_plan_divergences),
+    VRAMSWAP_ENGINE_COUNTER(num_plan_backoffs),
+    VRAMSWAP_ENGINE_COUNTER(planned_bytes_d2h),
+};
+#undef VRAMSWAP_POOL_COUNTER
+#undef VRAMSWAP_ENGINE_COUNTER
+
+// Adds every counter of `d` to `sum` (the totals: the peaks are sums of each device's peak).
+void add(DeviceStats& sum, DeviceStats d) {
+  for (const Counter& c : kCounters) c.in(sum) += c.in(d);
+}
+
 // The members shared by the totals and each device's object, in the documented order.
-void write_counters(stats::JsonWriter& json, const DeviceStats& d) {
-  const pool::PoolStats& s = d.pool;
-  json.field("allocated_bytes", s.allocated_bytes)
-      .field("reserved_bytes", s.reserved_bytes)
-      .field("peak_allocated_bytes", s.peak_allocated_bytes)
-      .field("peak_reserved_bytes", s.peak_reserved_bytes)
-      .field("device_limit_bytes", s.limit_bytes)
-      .field("num_allocs", s.num_allocs)
-      .field("num_frees", s.num_frees)
-      .field("num_cache_hits", s.num_cache_hits)
-      .field("num_ooms", s.num_ooms);
-  const residency::EngineStats& e = d.engine;
-  json.field("resident_bytes", e.resident_bytes)
-      .field("peak_resident_bytes", e.peak_resident_bytes)
-      .field("tagged_bytes", e.tagged_bytes)
-      .field("evictable_bytes", e.evictable_bytes)
-      .field("clean_bytes", e.clean_bytes)
-      .field("evicted_bytes", e.evicted_bytes)
-      .field("in_flight_bytes", e.in_flight_bytes)
-      .field("host_bytes", e.host_bytes)
-      .field("peak_host_bytes", e.peak_host_bytes)
-      .field("bytes_evicted_total", e.bytes_evicted_total)
-      .field("bytes_prefetched_total", e.bytes_prefetched_total)
-      .field("num_evictions", e.num_evictions)
-      .field("num_prefetches", e.num_prefetches)
-      .field("num_faults", e.num_faults)
-      .field("num_late_prefetches", e.num_late_prefetches)
-      .field("num_clean_reuses", e.num_clean_reuses)
-      .field("num_verify_failures", e.num_verify_failures)
-      .field("tagged_waste_bytes", e.tagged_waste_bytes)
-      .field("peak_tagged_waste_bytes", e.peak_tagged_waste_bytes)
-      .field("num_tracked_blocks", e.num_tracked_blocks)
-      .field("num_planned_steps", e.num_planned_steps)
-      .field("num_plan_divergences", e.num_plan_divergences)
-      .field("num_plan_backoffs", e.num_plan_backoffs)
-      .field("planned_bytes_d2h", e.planned_bytes_d2h);
+void write_counters(stats::JsonWriter& json, DeviceStats d) {
+  for (const Counter& c : kCounters) json.field(c.key, c.in(d));
 }
 
 }  // namespace
@@ -496,7 +478,7 @@ std::string Allocator::stats_json() const {
     }
   }
   DeviceStats total;
-  for (const DeviceStats& s : devices) total.add(s);
+  for (const DeviceStats& s : devices) add(total, s);
   stats::JsonWriter json;
   json.begin_object();
   write_counters(json, total);

@@ -153,7 +153,7 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * copied out). These
  * are totals over devices (the peaks are sums of each device's peak). Then
  * num_invalid_frees (frees vramswap refused), then "devices": an array with one object per
- * device that has a pool ({"device": ordinal, the same 32 keys, num_free_blocks,
+ * device that has a pool ({"device": ordinal, the same 33 keys, num_free_blocks,
  * va_reserved_bytes}). Thread-safe; a reading taken during allocations on other threads
  * is consistent per device, not across devices. */
 size_t vramswap_stats_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;

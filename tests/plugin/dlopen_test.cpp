@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -382,6 +383,64 @@ TEST_F(Plugin, LimitComesFromTheEnvironment) {
   const std::string json = stats();
   EXPECT_EQ(number(json, "device_limit_bytes"), expected_limit()) << json;
   a.free(p, kMiB, 0, nullptr);
+}
+
+// The keys of the statistics document, in order, as vramswap.h documents them (the words of
+// its list outside parentheses): the totals' keys up to "devices".
+std::vector<std::string> documented_stats_keys() {
+  std::ifstream in(VRAMSWAP_HEADER_PATH);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string doc = text.str();
+  const size_t from = doc.find("Keys, in this order:");
+  const size_t to = doc.find("then \"devices\"", from);
+  if (from == std::string::npos || to == std::string::npos) return {};
+  doc = doc.substr(from + std::strlen("Keys, in this order:"), to - from);
+  std::string flat;  // without the comment's '*', line breaks and parenthesized remarks
+  int depth = 0;
+  for (char c : doc) {
+    if (c == '(') ++depth;
+    else if (c == ')') --depth;
+    else if (depth == 0) flat += c == '*' || c == '\n' ? ' ' : c;
+  }
+  std::vector<std::string> keys;
+  std::string word;
+  for (char c : flat + " ") {
+    if (std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '_') {
+      word += c;
+    } else {
+      if (word.find('_') != std::string::npos) keys.push_back(word);
+      word.clear();
+    }
+  }
+  return keys;
+}
+
+// The keys of the totals object of a statistics document, in order (up to "devices").
+std::vector<std::string> json_total_keys(const std::string& json) {
+  std::vector<std::string> keys;
+  for (size_t at = json.find('"'); at != std::string::npos; at = json.find('"', at)) {
+    const size_t end = json.find('"', at + 1);
+    const std::string key = json.substr(at + 1, end - at - 1);
+    if (key == "devices") break;
+    keys.push_back(key);
+    at = json.find_first_of(",}", end);
+  }
+  return keys;
+}
+
+// vramswap.h's list of the statistics keys is the document's, in its order: a counter added
+// to one is added to the other.
+TEST_F(Plugin, StatsKeysAreTheOnesTheHeaderLists) {
+  const std::vector<std::string> documented = documented_stats_keys();
+  ASSERT_FALSE(documented.empty()) << "no key list found in " << VRAMSWAP_HEADER_PATH;
+  EXPECT_EQ(json_total_keys(stats()), documented);
+  // Each device's object repeats them but num_invalid_frees (the allocator's own), and says so.
+  std::ifstream in(VRAMSWAP_HEADER_PATH);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string same = "the same " + std::to_string(documented.size() - 1) + " keys";
+  EXPECT_NE(text.str().find(same), std::string::npos) << "vramswap.h should say \"" << same << "\"";
 }
 
 TEST_F(Plugin, StatsJsonHasEveryKeyAndCountersMove) {
