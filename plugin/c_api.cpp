@@ -18,7 +18,7 @@
 #include "vramswap/vramswap.h"
 #pragma GCC visibility pop
 
-#include "allocator.h"
+#include "runtime/allocator.h"
 #include "last_error.h"
 #include "stats/log.h"
 

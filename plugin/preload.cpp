@@ -53,7 +53,7 @@
 #include <exception>
 #include <string>
 
-#include "allocator.h"
+#include "runtime/allocator.h"
 #include "last_error.h"
 #include "stats/log.h"
 

@@ -1,5 +1,5 @@
 // The process-wide allocator. See allocator.h, Note [The process-wide allocator].
-#include "allocator.h"
+#include "runtime/allocator.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include "cuda/device.h"
 #include "cuda/error.h"
 #include "cuda/stream.h"
-#include "stats/json_writer.h"
+#include "runtime/stats_document.h"
 #include "stats/log.h"
 #include "stats/stats_file.h"
 
@@ -46,71 +46,6 @@ std::string handle_text(uint64_t handle) {
 void write_stats_at_exit() {
   // instance() is already constructed when this handler is registered.
   Allocator::instance().write_stats_file();
-}
-
-// One device's numbers, or their sum over devices.
-struct DeviceStats {
-  pool::PoolStats pool;
-  residency::EngineStats engine;
-};
-
-// The counters of the statistics document, in the order vramswap.h lists them (a test holds
-// the two together): each one's key and where it is kept. Everything that sums or writes
-// them walks this one list.
-struct Counter {
-  std::string_view key;
-  uint64_t& (*in)(DeviceStats&);
-};
-#define VRAMSWAP_POOL_COUNTER(key, field) \
-  Counter { key, [](DeviceStats& d) -> uint64_t& { return d.pool.field; } }
-#define VRAMSWAP_ENGINE_COUNTER(field) \
-  Counter { #field, [](DeviceStats& d) -> uint64_t& { return d.engine.field; } }
-const Counter kCounters[] = {
-    VRAMSWAP_POOL_COUNTER("allocated_bytes", allocated_bytes),
-    VRAMSWAP_POOL_COUNTER("reserved_bytes", reserved_bytes),
-    VRAMSWAP_POOL_COUNTER("peak_allocated_bytes", peak_allocated_bytes),
-    VRAMSWAP_POOL_COUNTER("peak_reserved_bytes", peak_reserved_bytes),
-    VRAMSWAP_POOL_COUNTER("device_limit_bytes", limit_bytes),
-    VRAMSWAP_POOL_COUNTER("num_allocs", num_allocs),
-    VRAMSWAP_POOL_COUNTER("num_frees", num_frees),
-    VRAMSWAP_POOL_COUNTER("num_cache_hits", num_cache_hits),
-    VRAMSWAP_POOL_COUNTER("num_ooms", num_ooms),
-    VRAMSWAP_ENGINE_COUNTER(resident_bytes),
-    VRAMSWAP_ENGINE_COUNTER(peak_resident_bytes),
-    VRAMSWAP_ENGINE_COUNTER(tagged_bytes),
-    VRAMSWAP_ENGINE_COUNTER(evictable_bytes),
-    VRAMSWAP_ENGINE_COUNTER(clean_bytes),
-    VRAMSWAP_ENGINE_COUNTER(evicted_bytes),
-    VRAMSWAP_ENGINE_COUNTER(in_flight_bytes),
-    VRAMSWAP_ENGINE_COUNTER(host_bytes),
-    VRAMSWAP_ENGINE_COUNTER(peak_host_bytes),
-    VRAMSWAP_ENGINE_COUNTER(bytes_evicted_total),
-    VRAMSWAP_ENGINE_COUNTER(bytes_prefetched_total),
-    VRAMSWAP_ENGINE_COUNTER(num_evictions),
-    VRAMSWAP_ENGINE_COUNTER(num_prefetches),
-    VRAMSWAP_ENGINE_COUNTER(num_faults),
-    VRAMSWAP_ENGINE_COUNTER(num_late_prefetches),
-    VRAMSWAP_ENGINE_COUNTER(num_clean_reuses),
-    VRAMSWAP_ENGINE_COUNTER(num_verify_failures),
-    VRAMSWAP_ENGINE_COUNTER(tagged_waste_bytes),
-    VRAMSWAP_ENGINE_COUNTER(peak_tagged_waste_bytes),
-    VRAMSWAP_ENGINE_COUNTER(num_tracked_blocks),
-    VRAMSWAP_ENGINE_COUNTER(num_planned_steps),
-    VRAMSWAP_ENGINE_COUNTER(num_plan_divergences),
-    VRAMSWAP_ENGINE_COUNTER(num_plan_backoffs),
-    VRAMSWAP_ENGINE_COUNTER(planned_bytes_d2h),
-};
-#undef VRAMSWAP_POOL_COUNTER
-#undef VRAMSWAP_ENGINE_COUNTER
-
-// Adds every counter of `d` to `sum` (the totals: the peaks are sums of each device's peak).
-void add(DeviceStats& sum, DeviceStats d) {
-  for (const Counter& c : kCounters) c.in(sum) += c.in(d);
-}
-
-// The members shared by the totals and each device's object, in the documented order.
-void write_counters(stats::JsonWriter& json, DeviceStats d) {
-  for (const Counter& c : kCounters) json.field(c.key, c.in(d));
 }
 
 }  // namespace
@@ -469,30 +404,10 @@ Allocator::DeviceMemory Allocator::device_memory(int device, uint64_t card_bytes
 
 std::string Allocator::stats_json() const {
   std::vector<DeviceStats> devices;
-  std::vector<int> ordinals;
   const int bound = device_bound_.load(std::memory_order_acquire);
-  for (int d = 0; d < bound; ++d) {
-    if (pool::DevicePool* p = pool(d)) {
-      devices.push_back({p->stats(), engine(d)->stats()});
-      ordinals.push_back(d);
-    }
-  }
-  DeviceStats total;
-  for (const DeviceStats& s : devices) add(total, s);
-  stats::JsonWriter json;
-  json.begin_object();
-  write_counters(json, total);
-  json.field("num_invalid_frees", num_invalid_frees_.load(std::memory_order_relaxed));
-  json.begin_array("devices");
-  for (size_t i = 0; i < devices.size(); ++i) {
-    json.begin_object().field("device", ordinals[i]);
-    write_counters(json, devices[i]);
-    json.field("num_free_blocks", devices[i].pool.num_free_blocks)
-        .field("va_reserved_bytes", devices[i].pool.va_reserved_bytes)
-        .end_object();
-  }
-  json.end_array().end_object();
-  return json.str();
+  for (int d = 0; d < bound; ++d)
+    if (pool::DevicePool* p = pool(d)) devices.push_back({d, p->stats(), engine(d)->stats()});
+  return stats_document(devices, num_invalid_frees_.load(std::memory_order_relaxed));
 }
 
 void Allocator::mark_used() {
