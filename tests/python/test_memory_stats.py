@@ -1,6 +1,9 @@
 #!/usr/bin/python3
 """vramswap.memory_stats() carries torch.cuda.memory_stats()'s key names beside vramswap's,
-they move with allocations, and vramswap.reset_peak_stats() resets both spellings.
+they move with allocations, and vramswap.reset_peak_stats() resets both spellings. torch's
+functions exist under torch's names (memory_allocated, max_memory_allocated,
+memory_reserved, max_memory_reserved, reset_peak_memory_stats) and answer from the same
+numbers.
 
 Runs in the CPU-emulation mode (no GPU): torch's CPU tensors come from vramswap on cudasim.
 Usage: python3 tests/python/test_memory_stats.py   (exit status 0: every check held)
@@ -57,6 +60,14 @@ def main():
     check(s1["allocated_bytes.all.peak"] >= s1["allocated_bytes.all.current"], "peak >= current")
     check(s1["active_bytes.all.current"] == s1["allocated_bytes.all.current"], "active = allocated")
 
+    # torch's functions, by torch's names: the same numbers, for the process or one device.
+    for fn, key in (("memory_allocated", "allocated_bytes"), ("max_memory_allocated", "peak_allocated_bytes"),
+                    ("memory_reserved", "reserved_bytes"), ("max_memory_reserved", "peak_reserved_bytes")):
+        f = getattr(vramswap, fn, None)
+        check(f is not None and f() == vramswap.memory_stats()[key] and f(0) == vramswap.memory_stats(0)[key]
+              and f(torch.device("cpu", 0)) == f(0),
+              f"vramswap.{fn}() is memory_stats()['{key}'], for the process and for device 0")
+
     del big
     s2 = vramswap.memory_stats()
     consistent(s2, "after freeing it")
@@ -65,11 +76,12 @@ def main():
     check(s2["allocated_bytes.all.peak"] == s1["allocated_bytes.all.peak"], "allocated peak kept after the free")
 
     vramswap.empty_cache()  # so that the reserve drops too and the reserved peak can
-    vramswap.reset_peak_stats()
+    check(getattr(vramswap, "reset_peak_memory_stats", None) is not None, "torch's name reset_peak_memory_stats exists")
+    vramswap.reset_peak_memory_stats()
     s3 = vramswap.memory_stats()
     consistent(s3, "after reset_peak_stats")
     check(s3["allocated_bytes.all.peak"] == s3["allocated_bytes.all.current"] < s1["allocated_bytes.all.peak"],
-          f"reset_peak_stats resets allocated_bytes.all.peak ({s1['allocated_bytes.all.peak']} -> "
+          f"reset_peak_memory_stats resets allocated_bytes.all.peak ({s1['allocated_bytes.all.peak']} -> "
           f"{s3['allocated_bytes.all.peak']})")
     check(s3["reserved_bytes.all.peak"] == s3["reserved_bytes.all.current"] < s1["reserved_bytes.all.peak"],
           f"reset_peak_stats resets reserved_bytes.all.peak to the current reserve "

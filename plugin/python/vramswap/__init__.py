@@ -7,6 +7,8 @@ What exists so far (see DESIGN.md, "Who uses it and how"):
                                       allocated by libvramswap.so on cudasim (no GPU needed)
   vramswap.offload()                  the autograd tracker (saved-tensor hooks)
   vramswap.memory_stats()             vramswap_stats_json as a dict, plus torch's key names
+  vramswap.memory_allocated(), max_memory_allocated(), memory_reserved(),
+  max_memory_reserved(), reset_peak_memory_stats()   torch.cuda's functions, by their names
   vramswap.reset_peak_stats(), vramswap.empty_cache()
   python3 -m vramswap run -- script.py  an unmodified script, its forwards offloaded (__main__.py)
 Setting VRAMSWAP_TORCH_DEVICE=cpu-sim makes `import vramswap` install the CPU-emulation
@@ -28,7 +30,9 @@ from ._config import ConfigError
 from ._lib import VramswapError
 
 __all__ = ["install", "installed", "sim", "offload", "memory_stats", "reset_peak_stats",
-           "empty_cache", "tracker_stats", "VramswapError", "ConfigError", "OutOfMemoryError"]
+           "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+           "reset_peak_memory_stats", "empty_cache", "tracker_stats", "VramswapError", "ConfigError",
+           "OutOfMemoryError"]
 
 # The torch-facing parts import torch; they load on first use, so that what needs no torch
 # (vramswap.bench, `python3 -m vramswap bench|replay`, memory_stats) runs without it.
@@ -111,6 +115,30 @@ def memory_stats(device=None):
     return _with_torch_keys(stats)
 
 
+def memory_allocated(device=None):
+    """Bytes in live blocks (torch.cuda.memory_allocated): memory_stats(device)
+    ["allocated_bytes"]. Evicted blocks count: they keep their addresses. `device` as for
+    memory_stats(): None is every device together (torch's None is the current device)."""
+    return memory_stats(device)["allocated_bytes"]
+
+
+def max_memory_allocated(device=None):
+    """The peak of memory_allocated() since the start or the last reset_peak_memory_stats()
+    (torch.cuda.max_memory_allocated)."""
+    return memory_stats(device)["peak_allocated_bytes"]
+
+
+def memory_reserved(device=None):
+    """Device memory vramswap holds mapped (torch.cuda.memory_reserved): memory_stats(device)
+    ["reserved_bytes"]."""
+    return memory_stats(device)["reserved_bytes"]
+
+
+def max_memory_reserved(device=None):
+    """The peak of memory_reserved() (torch.cuda.max_memory_reserved)."""
+    return memory_stats(device)["peak_reserved_bytes"]
+
+
 def empty_cache():
     """Returns vramswap's cached free memory to the device (torch.cuda.empty_cache)."""
     from . import _lib
@@ -122,6 +150,12 @@ def reset_peak_stats():
     peak_host_bytes, peak_tagged_waste_bytes and so their torch names) to the current values."""
     from . import _lib
     _lib.lib().vramswap_reset_peak_stats()
+
+
+def reset_peak_memory_stats(device=None):
+    """torch.cuda.reset_peak_memory_stats's name for reset_peak_stats(): the peaks of every
+    device are reset, whatever `device` says (accepted for torch's signature)."""
+    reset_peak_stats()
 
 
 def _install_from_environment():
