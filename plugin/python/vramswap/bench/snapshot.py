@@ -601,27 +601,11 @@ def _assign_phases(phases):
 COLD_POINTS = ("block_exit", "next_block_exit", "end_of_forward")
 
 
-def load(path, compute="bytes", device=0, carried_in=True, snapshot=None, cold="block_exit"):
-    """-> the Workload of one device's trace (see the notes above). compute: "bytes",
-    "timestamps", "none" or a callable fn(event, next_event) -> ns. carried_in: whether
-    tensors allocated before the trace and freed in it are allocated at the head (Note
-    [Carried-in tensors]). snapshot: the dict read() returned, to skip reading it again.
-    cold: where saved tensors become cold, "block_exit" (default), "next_block_exit" or
-    "end_of_forward" (Note [Cold points])."""
-    if cold not in COLD_POINTS:
-        raise ValueError(f"unknown cold point {cold!r}; known: {', '.join(COLD_POINTS)}")
-    data = read(path) if snapshot is None else check(snapshot, os.fspath(path))
-    source = os.path.basename(os.fspath(path))
-    model = _compute_model(compute)
-    traces = data["device_traces"]
-    if not 0 <= device < len(traces) or not traces[device]:
-        having = [f"{i} ({len(t)} events)" for i, t in enumerate(traces) if t]
-        raise SnapshotError(f"{path}: device {device} has no trace events; devices with "
-                            f"events: {', '.join(having) or 'none'}")
-    trace = traces[device]
-    actions = Counter(e.get("action") for e in trace)
-
-    # Kept events: (trace index, "alloc"/"free", tid, size). Addresses map to live tids.
+def _kept_events(path, trace, carried_in):
+    """The alloc and free_completed events, each as (trace index, "alloc"/"free", tid, size),
+    with tensors carried in (freed in the trace, allocated before it) first when
+    `carried_in` (Note [Carried-in tensors]). -> (kept, carried [(key, size)], remap
+    {key: tid}, sizes {traced tid: (size, kept index)}, number of traced tids)."""
     kept, live_at, carried, sizes = [], {}, [], {}
     next_tid = 0
     for i, e in enumerate(trace):
@@ -654,35 +638,47 @@ def load(path, compute="bytes", device=0, carried_in=True, snapshot=None, cold="
     remap = {tid: k for k, (tid, _) in enumerate(carried)}
     kept = [(i, kind, remap[tid] if isinstance(tid, tuple) else tid + shift, size)
             for i, kind, tid, size in kept]
-    carried_tids = list(range(shift))
+    return kept, carried, remap, sizes, next_tid
 
-    # Phases, labels and autograd nodes from the frames.
-    windows = _optimizer_windows(data, device)
-    phases, labels, nodes, releases, paths = [], [], [], [], []
-    marks, loss_function = {}, None
-    for k, (i, kind, tid, size) in enumerate(kept):
-        e = trace[i]
-        phase, label, node, release, loss = _scan(e.get("frames") or ())
-        paths.append(_module_path(e.get("frames") or ()) if kind == "alloc" else ())
-        if phase != "backward" and windows:
-            t = e.get("time_us", -1)
-            if any(lo <= t <= hi for lo, hi in windows):
-                phase = "optimizer"
-        if loss and "loss" not in marks:
-            marks["loss"] = k  # an event index for now; an op index below
-            loss_function = loss
-        phases.append(phase)
-        labels.append(label)
-        nodes.append(node)
-        releases.append(release)
-    _assign_phases(phases)
-    run_of, run_phase = [], []
-    for k, p in enumerate(phases):
-        if not run_phase or run_phase[-1] != p:
-            run_phase.append(p)
-        run_of.append(len(run_phase) - 1)
 
-    # Saved tensors: allocated in a forward run, freed in the first backward run after it.
+class _Frames:
+    """What each kept event's frames say: its phase (Note [Phases]; the optimizer's windows
+    from the snapshot's annotations), label, autograd node, released node and module path
+    (allocations only), and where the loss is computed."""
+
+    def __init__(self, data, device, trace, kept):
+        windows = _optimizer_windows(data, device)
+        self.phases, self.labels, self.nodes, self.releases, self.paths = [], [], [], [], []
+        self.loss_event, self.loss_function = None, None
+        for k, (i, kind, tid, size) in enumerate(kept):
+            e = trace[i]
+            phase, label, node, release, loss = _scan(e.get("frames") or ())
+            self.paths.append(_module_path(e.get("frames") or ()) if kind == "alloc" else ())
+            if phase != "backward" and windows:
+                t = e.get("time_us", -1)
+                if any(lo <= t <= hi for lo, hi in windows):
+                    phase = "optimizer"
+            if loss and self.loss_event is None:
+                self.loss_event, self.loss_function = k, loss
+            self.phases.append(phase)
+            self.labels.append(label)
+            self.nodes.append(node)
+            self.releases.append(release)
+        _assign_phases(self.phases)
+        # Runs: maximal stretches of events of one phase.
+        self.run_of, self.run_phase = [], []
+        for p in self.phases:
+            if not self.run_phase or self.run_phase[-1] != p:
+                self.run_phase.append(p)
+            self.run_of.append(len(self.run_phase) - 1)
+
+
+def _saved_and_cold(kept, frames, cold):
+    """Saved tensors (allocated in a forward run, freed in the first backward run after it:
+    Note [Saved tensors]) and where each goes cold (Note [Cold points]). -> (saved tids,
+    free_at {tid: kept index}, cold_before {kept index: tids}, cold_after_run {forward run:
+    tids}, the block calls or None)."""
+    run_of, run_phase = frames.run_of, frames.run_phase
     alloc_at, free_at = {}, {}
     for k, (i, kind, tid, size) in enumerate(kept):
         (alloc_at if kind == "alloc" else free_at)[tid] = k
@@ -701,8 +697,8 @@ def load(path, compute="bytes", device=0, carried_in=True, snapshot=None, cold="
         run_end[r] = k + 1
     saved = set()
     cold_after_run = {}  # forward run -> tids made cold when it ends
-    cold_before = {}  # kept index -> tids made cold just before it (Note [Cold points])
-    blocks = _block_calls(kept, phases, paths) if cold != "end_of_forward" else None
+    cold_before = {}  # kept index -> tids made cold just before it
+    blocks = _block_calls(kept, frames.phases, frames.paths) if cold != "end_of_forward" else None
     for tid, a in sorted(alloc_at.items()):
         f = free_at.get(tid)
         ra = run_of[a]
@@ -715,8 +711,13 @@ def load(path, compute="bytes", device=0, carried_in=True, snapshot=None, cold="
             cold_before.setdefault(at, []).append(tid)
         else:
             cold_after_run.setdefault(last_forward, []).append(tid)
+    return saved, free_at, cold_before, cold_after_run, blocks
 
-    # Use points (Note [Saved tensors]): uses_before[k] lists the tids used before event k.
+
+def _use_points(kept, saved, frames):
+    """Where backward uses each saved tensor (Note [Saved tensors]): {kept index k: the tids
+    used before event k}."""
+    run_of, nodes, releases = frames.run_of, frames.nodes, frames.releases
     uses_before = {}
     is_saved_free = [kind == "free" and tid in saved for (i, kind, tid, size) in kept]
     batch_start = window_start = None
@@ -743,10 +744,37 @@ def load(path, compute="bytes", device=0, carried_in=True, snapshot=None, cold="
                     break
                 j -= 1
         uses_before.setdefault(at, []).append(kept[k][2])
+    return uses_before
+
+
+def load(path, compute="bytes", device=0, carried_in=True, snapshot=None, cold="block_exit"):
+    """-> the Workload of one device's trace (see the notes above). compute: "bytes",
+    "timestamps", "none" or a callable fn(event, next_event) -> ns. carried_in: whether
+    tensors allocated before the trace and freed in it are allocated at the head (Note
+    [Carried-in tensors]). snapshot: the dict read() returned, to skip reading it again.
+    cold: where saved tensors become cold, "block_exit" (default), "next_block_exit" or
+    "end_of_forward" (Note [Cold points])."""
+    if cold not in COLD_POINTS:
+        raise ValueError(f"unknown cold point {cold!r}; known: {', '.join(COLD_POINTS)}")
+    data = read(path) if snapshot is None else check(snapshot, os.fspath(path))
+    source = os.path.basename(os.fspath(path))
+    model = _compute_model(compute)
+    traces = data["device_traces"]
+    if not 0 <= device < len(traces) or not traces[device]:
+        having = [f"{i} ({len(t)} events)" for i, t in enumerate(traces) if t]
+        raise SnapshotError(f"{path}: device {device} has no trace events; devices with "
+                            f"events: {', '.join(having) or 'none'}")
+    trace = traces[device]
+    kept, carried, remap, sizes, next_tid = _kept_events(path, trace, carried_in)
+    shift = len(carried)
+    frames = _Frames(data, device, trace, kept)
+    saved, free_at, cold_before, cold_after_run, blocks = _saved_and_cold(kept, frames, cold)
+    uses_before = _use_points(kept, saved, frames)
 
     # Emit.
     w = Workload(name=os.path.splitext(source)[0])
     ops = w.ops
+    phases, run_of = frames.phases, frames.run_of
     phase_bytes, first_op_of_phase = Counter(), {}
     if carried:
         first_op_of_phase["other"] = 0
@@ -783,19 +811,20 @@ def load(path, compute="bytes", device=0, carried_in=True, snapshot=None, cold="
             nxt = trace[kept[k + 1][0]] if k + 1 < len(kept) else None
             ns = int(round(model(trace[i], nxt)))
             if ns > 0:
-                w.compute(ns, labels[k] or current)
+                w.compute(ns, frames.labels[k] or current)
     for t in cold_after_run.get(run, ()):
         w.cold(t)
 
-    if "loss" in marks:
-        marks["loss"] = op_of_event[marks["loss"]]
-    marks.update(first_op_of_phase)
+    marks = dict(first_op_of_phase)
+    if frames.loss_event is not None:
+        marks = {"loss": op_of_event[frames.loss_event], **marks}
     carried_bytes = sum(size for _, size in carried)
     traced_live_end = sum(sizes[tid - shift][0] for tid in range(shift, shift + next_tid)
                           if tid not in free_at)
     active = sum(b.get("requested_size", b.get("size", 0)) for s in data["segments"]
                  if s.get("device", device) == device for b in s.get("blocks", ())
                  if b.get("state") == "active_allocated")
+    actions = Counter(e.get("action") for e in trace)
     w.meta.update({
         "source": source,
         "device": device,
@@ -806,7 +835,7 @@ def load(path, compute="bytes", device=0, carried_in=True, snapshot=None, cold="
         "phases": [op[1] for op in ops if op[0] == "phase"],
         "phase_alloc_bytes": dict(phase_bytes),
         "marks": marks,
-        "loss_function": loss_function,
+        "loss_function": frames.loss_function,
         "saved": {"tensors": len(saved),
                   "bytes": sum(sizes[t - shift][0] for t in saved)},
         "cold": {"mode": cold,
@@ -817,7 +846,7 @@ def load(path, compute="bytes", device=0, carried_in=True, snapshot=None, cold="
                                                     for ts in cold_before.values()
                                                     for t in ts)},
         "carried_in": {"tensors": len(carried), "bytes": carried_bytes,
-                       "tids": carried_tids},
+                       "tids": list(range(shift))},
         "resident_bytes": max(0, active - traced_live_end),
         "compute_model": "none" if model is None else getattr(model, "description",
                                                                "a caller's callable"),
