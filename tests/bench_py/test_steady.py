@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The benchmark's steady-step measurement, the bound beside every run, and the flags of
-`vramswap bench` and `vramswap replay` (plugin/python/vramswap/bench: runner.py's Notes
+`vramswap bench` and `vramswap replay` (plugin/python/vramswap/bench: measure.py's Notes
 [Warm-up steps] and [The bound beside every run], cli.py), on cudasim in virtual time.
 Plain python3, no torch: prints one "ok - ..." or "FAIL - ..." line per check (and
 "skip - ..." with the reason) and exits 0 only when no check failed.

@@ -5,7 +5,7 @@ offload policy: no policy, however clever, can run the step faster on this card.
                 first_op=0)  -> Bound
 
 Pure Python, from the Workload alone (workload.py): nothing is run and no library is
-loaded. The runner reports it beside every run (runner.py's "bound_ns"); a policy is
+loaded. The runner reports it beside every run (measure.py's "bound_ns"); a policy is
 judged by step / bound, and its D2H traffic by bytes_d2h / must_leave_bytes.
 
 Note [The fluid relaxation]

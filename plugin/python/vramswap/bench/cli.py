@@ -29,11 +29,11 @@ on cudasim in virtual time (no GPU, no torch).
       argument.
 
 Both measure the step after --warmup warm-up steps (default 2; 0: the first step), and
-report the first step of the same run beside it (runner.py's Note [Warm-up steps]); a
+report the first step of the same run beside it (measure.py's Note [Warm-up steps]); a
 workload that cannot be repeated as a step (most snapshots: the step frees tensors
 allocated before it) is measured at its first step, and the output says why. Every run
 shows the policy-independent lower bound on its step time at its limit (bound.py) beside
-the per-phase ideal: "bound" and "step/bound" (runner.py's Note [The bound beside every
+the per-phase ideal: "bound" and "step/bound" (measure.py's Note [The bound beside every
 run]).
 
 Sizes are written as vramswap's configuration writes them (1024-based: 512MiB, 12GiB, 12G,
@@ -269,7 +269,7 @@ def _write_results_readme(done, skipped, argv, warmup=runner.DEFAULT_WARMUP):
         "time and its copies' time at the PCIe rate; bound = the lower bound on the step time at the "
         "run's limit that holds for every policy (compute plus the least stall the copies force: "
         "`plugin/python/vramswap/bench/bound.py`), and step/bound how far the run is from it. See "
-        "`plugin/python/vramswap/bench/runner.py` for the exact definitions.",
+        "`plugin/python/vramswap/bench/measure.py` for the exact definitions.",
         "",
     ]
     lines += _must_show(done)

@@ -13,8 +13,8 @@ Table columns: policy (and its label), limit (vramswap's VRAMSWAP_LIMIT, as a sh
 no-offload peak and in bytes), horizon, status (ok, or oom at an op), peak device (cudasim's
 peak physical memory), d2h and h2d (bytes copied each way), step time (virtual), stall
 (kernels waiting on copies), idle (the compute engine's idle time: step minus compute),
-ideal (the per-phase bound of runner.py's Note [What is measured]) and step/ideal, bound
-(the policy-independent lower bound at the run's limit: bound.py, runner.py's Note [The
+ideal (the per-phase bound of measure.py's Note [What is measured]) and step/ideal, bound
+(the policy-independent lower bound at the run's limit: bound.py, measure.py's Note [The
 bound beside every run]; "infeasible" where no policy fits) and step/bound, and first step
 (the first step's time from the same run when the step measured came after warm-up steps;
 "(this)" when the measured step is the first). Lines under the table say which step was

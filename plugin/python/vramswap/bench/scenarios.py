@@ -239,7 +239,7 @@ def plan(sc, reference_peak, quick=False):
 def run_scenario(sc, quick=False, workers=2, record=True, progress=None, timeout_s=600, warmup=runner.DEFAULT_WARMUP):
     """Runs every policy of `sc` (quick: vramswap only at 50% with horizon 4, plus the limits
     above the peak) and returns a ScenarioResult with the results in table order. progress(msg)
-    is called as runs end. warmup: the steps run before the measured one (runner.py's Note
+    is called as runs end. warmup: the steps run before the measured one (measure.py's Note
     [Warm-up steps])."""
     w = sc.workload()
     peak_live, final_live = w.live_bytes()
