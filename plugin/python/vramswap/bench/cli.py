@@ -55,7 +55,6 @@ from .workload import PHASES
 _UNITS = {"": 0, "b": 0, "k": 10, "kb": 10, "kib": 10, "m": 20, "mb": 20, "mib": 20,
           "g": 30, "gb": 30, "gib": 30, "t": 40, "tb": 40, "tib": 40}
 RESULTS_DIR = scenarios._REPO_ROOT / "bench" / "results"
-RESULTS_DATE = "2026-11-25"
 
 
 def parse_size(text):
@@ -238,7 +237,7 @@ def _write_results_readme(done, skipped, argv, warmup=runner.DEFAULT_WARMUP):
     lines = [
         "# vramswap memory-pressure benchmark: results",
         "",
-        f"Generated {RESULTS_DATE} by",
+        f"Generated {datetime.date.today().isoformat()} by",
         "",
         "```sh",
         "PYTHONPATH=plugin/python python3 -m vramswap bench " + " ".join(argv),

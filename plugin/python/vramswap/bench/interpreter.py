@@ -414,7 +414,7 @@ class _Interpreter:
 
     # -- "offload_all": Note [offload_all] ------------------------------------------
     def _offload_all_op(self, i, kind, tid):
-        cu, vs, s = self.cu, self.vs, self.compute
+        cu, s = self.cu, self.compute
         n = self.size[tid]
         if kind == "save":
             host = ctypes.c_void_p()
@@ -557,7 +557,6 @@ class _Interpreter:
         def at(k):
             return ends[min(k, len(ends) - 1)]
 
-        rate = self.spec["pcie_gbps"]  # GB/s = bytes per ns
         bounds = [(name, k) for name, k in self.phases]
         if not bounds or bounds[0][1] > 0:
             bounds.insert(0, ("other", 0))
