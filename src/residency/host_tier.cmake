@@ -9,9 +9,11 @@
 #                                malloc and free, and linking it would replace glibc's malloc
 #                                in the whole process.
 #
-# Consumers include "residency/host_tier.h".
+# Consumers include "residency/host_tier.h" (and "residency/host_memory.h": the memory the
+# process may use, from which the tier's default limit follows).
 
-add_library(vramswap_host_tier STATIC ${CMAKE_CURRENT_LIST_DIR}/host_tier.cpp)
+add_library(vramswap_host_tier STATIC ${CMAKE_CURRENT_LIST_DIR}/host_tier.cpp
+                                      ${CMAKE_CURRENT_LIST_DIR}/host_memory.cpp)
 target_include_directories(vramswap_host_tier PUBLIC ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(vramswap_host_tier PUBLIC vramswap_cuda PRIVATE vramswap_units vramswap_warnings)
 set_target_properties(vramswap_host_tier PROPERTIES POSITION_INDEPENDENT_CODE ON)

@@ -221,16 +221,8 @@ std::unique_ptr<HostTier::Placer> make_best_fit_placer();
 // Thread-safe; the placer is then used under one tier's lock.
 std::unique_ptr<HostTier::Placer> make_mimalloc_arena_placer();
 
-// The memory the process may use: physical memory (sysconf), or the cgroup's limit
-// (v2 memory.max, v1 memory.limit_in_bytes) when lower. Thread-safe.
-uint64_t host_memory_bytes();
-
-// The default limit of the tier for a machine with `memory_bytes` usable: half of it,
-// rounded down to kHostChunkGranularity. Thread-safe: pure.
+// The default limit of the tier for a machine with `memory_bytes` usable (host_memory.h):
+// half of it, rounded down to kHostChunkGranularity. Thread-safe: pure.
 uint64_t default_host_limit_bytes(uint64_t memory_bytes);
-
-// The limit a cgroup memory file states ("max" or a byte count, with or without a
-// newline); nullopt for "max" or anything that is not a number. Thread-safe: pure.
-std::optional<uint64_t> parse_cgroup_memory_limit(std::string_view text);
 
 }  // namespace vramswap::residency

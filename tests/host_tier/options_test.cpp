@@ -8,6 +8,7 @@
 #include <string>
 
 #include "host_tier_test_util.h"
+#include "residency/host_memory.h"
 
 namespace host_tier_test {
 namespace {
