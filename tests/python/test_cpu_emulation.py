@@ -21,6 +21,7 @@ Usage: python3 tests/python/test_cpu_emulation.py   (exit status 0: every check 
 Paths: VRAMSWAP_LIBRARY (libvramswap.so; default <repo>/build/lib/libvramswap.so) and
 VRAMSWAP_CUDASIM_DIR (default: the sim/ directory beside it).
 """
+import gc
 import os
 import signal
 import sys
@@ -47,11 +48,8 @@ def faults_on_read(ptr):
 def saved_blocks():
     """The tracker's live saved blocks: {data_ptr: handle}."""
     from vramswap import tracker
-    blocks = {}
-    for handle, saved in list(tracker._tracker._saved.items()):
-        for s in list(saved):
-            blocks[s.tensor.data_ptr()] = handle
-    return blocks
+    return {o.tensor.data_ptr(): o.handle for o in gc.get_objects()
+            if isinstance(o, tracker._Saved) and o.tensor is not None}
 
 
 def instrument(vramswap, torch, model, result):

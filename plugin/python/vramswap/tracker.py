@@ -52,7 +52,6 @@ import collections
 import contextlib
 import ctypes
 import threading
-import weakref
 
 import torch
 
@@ -63,7 +62,7 @@ class _Saved:
     """What the pack hook returns for a tagged block: an alias of the saved tensor and the
     block's handle. Its death releases one handle reference."""
 
-    __slots__ = ("tensor", "handle", "__weakref__")
+    __slots__ = ("tensor", "handle")
 
     def __init__(self, tensor, handle):
         self.tensor = tensor
@@ -79,7 +78,6 @@ class _Tracker:
     def __init__(self):
         self._lock = threading.Lock()
         self._live = {}        # handle -> number of live _Saved objects
-        self._saved = {}       # handle -> WeakSet of its live _Saved objects
         # The handles packed but not yet marked cold are the extension's (is_pending()).
         self._probe_installed = False
         self._depth = 0        # open offload() scopes, all threads
@@ -106,9 +104,8 @@ class _Tracker:
             n = self._live.get(h, 0) - 1
             if n <= 0:
                 self._live.pop(h, None)
-                self._saved.pop(h, None)
             else:
-                self._live[h] = n  # the WeakSet dropped the dead object itself
+                self._live[h] = n
             _ext.load().set_aliases(h, max(n, 0))
             if released:
                 self.stats["releases"] += 1
@@ -165,7 +162,6 @@ class _Tracker:
         with self._locked():
             self.stats["packs"] += 1
             n = self._live[h] = self._live.get(h, 0) + 1
-            self._saved.setdefault(h, weakref.WeakSet()).add(saved)
             ops.watch(saved.tensor, h, n)
         self.poll_cold()
         return saved
