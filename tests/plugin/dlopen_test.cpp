@@ -969,14 +969,19 @@ class PluginOffload : public Plugin {
 // below VRAMSWAP_MIN_OFFLOAD_BYTES, and the variable that changes that. When most of it is
 // tagged (offload could take it, were it cold), the report does not say it.
 TEST_F(PluginOffload, OutOfMemoryWithLittleTaggedNamesTheThreshold) {
+  // Blocks of `size` on stream_ until one is refused (at most twice what the limit holds).
+  auto until_refused = [&](size_t size) {
+    std::vector<void*> blocks;
+    for (size_t i = 0; i < 2 * limit_ / size; ++i) {
+      void* p = a.malloc(size, 0, stream_);
+      if (!p) break;
+      blocks.push_back(p);
+    }
+    return blocks;
+  };
   push();
-  std::vector<void*> small;
   const size_t kSmall = 32 * 1024;  // below the default threshold of 64 KiB
-  for (size_t i = 0; i < 2 * limit_ / kSmall; ++i) {
-    void* p = a.malloc(kSmall, 0, stream_);
-    if (!p) break;
-    small.push_back(p);
-  }
+  std::vector<void*> small = until_refused(kSmall);
   const std::string error = last_error();
   ASSERT_LT(small.size(), 2 * limit_ / kSmall) << "no out-of-memory";
   EXPECT_NE(error.find("VRAMSWAP_MIN_OFFLOAD_BYTES (64 KiB)"), std::string::npos) << error;
@@ -990,14 +995,9 @@ TEST_F(PluginOffload, OutOfMemoryWithLittleTaggedNamesTheThreshold) {
   // Most of the live memory in large blocks allocated outside any scope (backward's
   // gradients, parameters): the threshold is not why, and the report does not suggest it.
   pop();
-  std::vector<void*> outside;
   void* one_small = a.malloc(kSmall, 0, stream_);
   ASSERT_NE(one_small, nullptr) << last_error();
-  for (size_t i = 0; i < 2 * limit_ / kBlock; ++i) {
-    void* p = a.malloc(kBlock, 0, stream_);
-    if (!p) break;
-    outside.push_back(p);
-  }
+  std::vector<void*> outside = until_refused(kBlock);
   const std::string large = last_error();
   ASSERT_LT(outside.size(), 2 * limit_ / kBlock) << "no out-of-memory";
   EXPECT_NE(large.find("allocated outside any offload scope"), std::string::npos) << large;
@@ -1006,12 +1006,7 @@ TEST_F(PluginOffload, OutOfMemoryWithLittleTaggedNamesTheThreshold) {
   a.free(one_small, kSmall, 0, stream_);
   push();
 
-  std::vector<void*> tagged;  // in use, never cold: not evictable, but tagged
-  for (size_t i = 0; i < 2 * limit_ / kBlock; ++i) {
-    void* p = a.malloc(kBlock, 0, stream_);
-    if (!p) break;
-    tagged.push_back(p);
-  }
+  std::vector<void*> tagged = until_refused(kBlock);  // in use, never cold: not evictable, but tagged
   const std::string full = last_error();
   ASSERT_LT(tagged.size(), 2 * limit_ / kBlock) << "no out-of-memory";
   EXPECT_EQ(full.find("VRAMSWAP_MIN_OFFLOAD_BYTES"), std::string::npos) << full;
