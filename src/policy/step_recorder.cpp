@@ -59,6 +59,27 @@ const std::vector<uint32_t>& StepRecorder::fetches_after(uint32_t p) const {
   return following_ && p < fetches_.size() ? fetches_[p] : none;
 }
 
+void StepRecorder::refetch(uint32_t block) {
+  if (!following_ || block >= recorded_use_.size()) return;
+  if (block < plan_.evict.size() && plan_.evict[block]) {
+    const uint32_t at = plan_.fetch_at[block];
+    if (at != kNoPoint && at >= step_.demand.size()) return;  // its planned fetch is still to come
+  }
+  const uint32_t use = recorded_use_[block];
+  auto after = [&](uint32_t other) { return use < recorded_use_[other]; };
+  const size_t next = step_.demand.size();
+  for (size_t p = next; p < fetches_.size() && p < use; ++p) {
+    std::vector<uint32_t>& at = fetches_[p];
+    if (std::find(at.begin(), at.end(), block) != at.end()) return;
+    auto it = std::find_if(at.begin(), at.end(), after);
+    if (it != at.end()) {
+      at.insert(it, block);
+      return;
+    }
+  }
+  if (next < fetches_.size() && next < use) fetches_[next].push_back(block);
+}
+
 void StepRecorder::waited(uint64_t bytes) {
   if (!following_ || step_.demand.empty()) return;
   const size_t p = step_.demand.size() - 1;
@@ -121,6 +142,8 @@ void StepRecorder::plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns)
   std::stable_sort(victims.begin(), victims.end(),
                    [&](uint32_t a, uint32_t b) { return step_.blocks[a].use < step_.blocks[b].use; });
   for (uint32_t b : victims) fetches_[plan_.fetch_at[b]].push_back(b);
+  recorded_use_.resize(step_.blocks.size());
+  for (size_t b = 0; b < step_.blocks.size(); ++b) recorded_use_[b] = step_.blocks[b].use;
 }
 
 std::string StepRecorder::describe() const {

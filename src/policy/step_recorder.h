@@ -89,6 +89,11 @@ class StepRecorder {
   }
   // Following: the blocks whose fetch starts after point `p`, in order of use.
   const std::vector<uint32_t>& fetches_after(uint32_t p) const;
+  // Following: `block` was evicted although the plan keeps it (an allocation found memory
+  // short). Its fetch joins the plan's in order of use: just before the first planned fetch
+  // still to come of a block needed after it, or after the next point when none is (a fetch
+  // on demand at its use would queue behind every copy back already started).
+  void refetch(uint32_t block);
 
   // Following: an allocation at the current point still had to wait for `bytes` of
   // evictions (feedback for the next plan).
@@ -140,6 +145,7 @@ class StepRecorder {
   std::vector<uint64_t> extra_;   // feedback carried into the plan
   Plan plan_;
   std::vector<std::vector<uint32_t>> fetches_;
+  std::vector<uint32_t> recorded_use_;  // per block of the recording: its use point
   uint64_t planned_steps_ = 0, divergences_ = 0, backoffs_ = 0;
   bool ended_planned_ = false;  // the step that ended last followed the plan to its end
   uint64_t reactive_ns_ = 0;    // how long the last step the reactive policy ran took

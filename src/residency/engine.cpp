@@ -1023,6 +1023,7 @@ uint64_t Engine::Impl::drop(uint32_t slot) {
   // Unmapped, or partly: the host copy is whole, and a fetch maps what is missing.
   s.residency = Residency::kEvicted;
   debug(r.ok ? "evicted (pages given up)" : "evicted (pages partly given up)", s);
+  recorder_.refetch(s.step_block);  // a block the plan keeps: its fetch joins the plan's
   // The granules freed now: those it shares with a block still in use stay mapped (they go
   // with the last of their blocks), and ones it shares with blocks already away go now.
   unmapped_total_ += freed;

@@ -114,6 +114,67 @@ TEST(StepRecorder, ADifferentStepDivergesAndIsRecordedForTheNext) {
   EXPECT_EQ(1u, r.num_divergences());
 }
 
+// A three-block step at limit 10: A, B and C (4 each) saved and cold; the junction raises
+// the demand to 16, so A and B (needed last) leave; C is used before B and A. With
+// `stop_at_junction` the step stops before the junction's point (the allocation is under
+// way); otherwise it runs to the end. Returns the junction's point.
+uint32_t three_block_step(StepRecorder& r, bool stop_at_junction = false) {
+  r.begin_step();
+  r.point(K::kGraph, kNoPoint, 0, 0);
+  uint32_t block[3];
+  for (int i = 0; i < 3; ++i) {
+    r.point(K::kAlloc, kNoPoint, 4, 4 * uint64_t(i + 1));
+    block[i] = r.new_block(4);
+    r.point(K::kPack, block[i], 4, 4 * uint64_t(i + 1));
+  }
+  for (int i = 0; i < 3; ++i) r.point(K::kCold, block[i], 0, 12);
+  if (stop_at_junction) return kNoPoint;
+  const uint32_t junction = r.point(K::kAlloc, kNoPoint, 4, 16);  // X = 6: A and B out
+  r.point(K::kUnpack, block[2], 0, 12);                            // X = 2: A alone covers it
+  r.point(K::kRelease, block[2], 0, 8);
+  r.point(K::kUnpack, block[1], 0, 8);
+  r.point(K::kRelease, block[1], 0, 4);
+  r.point(K::kUnpack, block[0], 0, 4);
+  r.point(K::kRelease, block[0], 0, 0);
+  r.end_step();
+  r.plan_next({}, 0);
+  return junction;
+}
+
+// Following, an allocation found memory short and the reactive policy evicted C, which the
+// plan keeps. Fetched when backward asks for it, C would queue behind the planned fetches of
+// B and A already started, though it is needed first; it joins them in order of use instead.
+TEST(StepRecorder, ABlockEvictedBeyondThePlanIsFetchedInOrderOfUse) {
+  StepRecorder r(true, 10);
+  const uint32_t junction = three_block_step(r);
+  ASSERT_EQ(10u, junction);
+  ASSERT_EQ(2u, r.plan().num_victims);
+  ASSERT_EQ(1, r.plan().evict[0]);
+  ASSERT_EQ(1, r.plan().evict[1]);
+  ASSERT_EQ(0, r.plan().evict[2]);
+  ASSERT_EQ(junction, r.plan().fetch_at[1]) << "B comes back after the junction";
+  ASSERT_EQ(junction + 1, r.plan().fetch_at[0]) << "A after C's use";
+
+  three_block_step(r, /*stop_at_junction=*/true);
+  ASSERT_TRUE(r.following());
+  r.refetch(2);  // C, evicted for the junction's allocation
+  EXPECT_EQ((std::vector<uint32_t>{2, 1}), r.fetches_after(junction)) << "C before B: it is needed sooner";
+  r.refetch(2);
+  EXPECT_EQ((std::vector<uint32_t>{2, 1}), r.fetches_after(junction)) << "once";
+  r.refetch(0);  // A is a victim whose planned fetch is still to come: unchanged
+  EXPECT_EQ(std::vector<uint32_t>{0}, r.fetches_after(junction + 1));
+  EXPECT_EQ((std::vector<uint32_t>{2, 1}), r.fetches_after(junction));
+}
+
+// Not following (the first step, or after a divergence), nothing is planned to join.
+TEST(StepRecorder, RefetchOutsideAPlanChangesNothing) {
+  StepRecorder r(true, 10);
+  three_block_step(r, /*stop_at_junction=*/true);
+  ASSERT_FALSE(r.following());
+  r.refetch(2);
+  EXPECT_TRUE(r.fetches_after(10).empty());
+}
+
 // The tracker may find two blocks cold in the other order next time: the same step.
 TEST(StepRecorder, ColdMarksInAnotherOrderAreTheSameStep) {
   StepRecorder r(true, 10);

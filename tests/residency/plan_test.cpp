@@ -96,6 +96,52 @@ TEST_F(PlanTest, FollowingAPlanTheNoWaitReclaimStartsNoEvictionBeyondIt) {
   EXPECT_EQ("", engine_->check_invariants());
 }
 
+// Following the plan, the junction needs 4 MiB more than the recorded step did (untagged, so
+// not a divergence): the reactive policy evicts block 1, which the plan keeps. Its fetch
+// joins the plan's, ahead of block 0's (needed after it): before, it waited for the prefetch
+// window to reach it (one block ahead here) and queued behind every copy back already
+// under way, block 0's included, though it is needed first.
+TEST_F(PlanTest, ABlockEvictedBeyondThePlanComesBackWithThePlansFetches) {
+  EngineOptions options;
+  options.horizon = 1;
+  start(28 * kMiB, options);
+  step(6, 10);  // recorded: the plan evicts block 0, needed last
+  const EngineStats before = stats();
+  engine_->graph_begin();
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  for (int i = 0; i < 6; ++i) {
+    blocks.push_back(tagged(uint8_t(40 + i)));
+    handles.push_back(pack_cold(blocks.back()));
+  }
+  std::string error;
+  void* junction = pool_->allocate(kJunction, stream_, &error);
+  ASSERT_NE(nullptr, junction) << error;
+  void* more = pool_->allocate(kBlock, stream_, &error);
+  ASSERT_NE(nullptr, more) << error;
+  EXPECT_EQ(2 * kBlock, stats().evicted_bytes) << "the plan's victim and block 1, beyond the plan";
+  for (int i = 5; i >= 0; --i) {
+    if (i == 2) {
+      EXPECT_EQ(2u, stats().num_prefetches - before.num_prefetches)
+          << "blocks 1 and 0 are on their way back before backward reaches block 2";
+    }
+    EXPECT_TRUE(engine_->unpack(handles[i], stream_).ok) << i;
+    EXPECT_TRUE(holds(blocks[i], uint8_t(40 + i))) << "block " << i;
+    if (junction) {
+      EXPECT_TRUE(pool_->deallocate(junction, stream_).ok);
+      EXPECT_TRUE(pool_->deallocate(more, stream_).ok);
+      junction = more = nullptr;
+    }
+    EXPECT_TRUE(engine_->release(handles[i]).ok) << i;
+    EXPECT_TRUE(engine_->free_tagged(blocks[i], stream_).ok) << i;
+  }
+  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream_));
+  EXPECT_EQ(1u, stats().num_planned_steps);
+  EXPECT_EQ(0u, stats().num_plan_divergences) << "untagged pressure is not a divergence";
+  EXPECT_EQ(0u, stats().num_faults - before.num_faults);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
 TEST_F(PlanTest, ADifferentStepDivergesAndTheOneAfterFollowsIt) {
   start(28 * kMiB);
   step(6, 10);
