@@ -28,8 +28,9 @@ import os
 
 from ._config import ConfigError
 from ._lib import VramswapError
+from ._version import __version__
 
-__all__ = ["install", "installed", "sim", "offload", "memory_stats", "reset_peak_stats",
+__all__ = ["__version__", "install", "installed", "sim", "offload", "memory_stats", "reset_peak_stats",
            "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
            "reset_peak_memory_stats", "empty_cache", "tracker_stats", "VramswapError", "ConfigError",
            "OutOfMemoryError"]

@@ -41,11 +41,13 @@ import re
 import runpy
 import sys
 
-USAGE = """usage: python3 -m vramswap run [--no-offload] [--] [python] (script.py | -m module) [args...]
-       python3 -m vramswap bench [SCENARIO...|SNAPSHOT...|all] [--out DIR | --results] [--json] [--quick]
-                                 [--warmup N] [--list]
-       python3 -m vramswap replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS]
-                                 [--warmup N] [--policy none|offload_all|vramswap] [--until PHASE] [--json]
+USAGE = """usage: vramswap run [--no-offload] [--] [python] (script.py | -m module) [args...]
+       vramswap bench [SCENARIO...|SNAPSHOT...|all] [--out DIR | --results] [--json] [--quick]
+                      [--warmup N] [--list]
+       vramswap replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS]
+                      [--warmup N] [--policy none|offload_all|vramswap] [--until PHASE] [--json]
+       vramswap --version
+(`python3 -m vramswap ...` is the same command, from a checkout or without the console script.)
 
 run: runs a torch script with vramswap as torch's allocator and an offload scope around every
 module forward that autograd records. Settings come from the VRAMSWAP_* environment (see README, "Configuration").
@@ -53,7 +55,7 @@ With a CUDA device, vramswap becomes torch's CUDA allocator (vramswap.install())
 VRAMSWAP_TORCH_DEVICE=cpu-sim (or no CUDA device) selects the CPU-emulation mode.
 
 bench, replay: the memory-pressure benchmark on cudasim in virtual time (no GPU, no torch);
-`python3 -m vramswap bench --help` and `python3 -m vramswap replay --help` describe them."""
+`vramswap bench --help` and `vramswap replay --help` describe them."""
 
 
 def _usage(status):
@@ -143,6 +145,10 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
         return _usage(0 if argv else 2)
+    if argv[0] in ("--version", "-V"):
+        from ._version import __version__
+        print(f"vramswap {__version__}")
+        return 0
     if argv[0] in ("bench", "replay"):
         from .bench import cli  # imports no torch
         try:
@@ -152,6 +158,8 @@ def main(argv=None):
     if argv[0] != "run":
         print(f"vramswap: unknown command {argv[0]!r}", file=sys.stderr)
         return _usage(2)
+    if argv[1:2] in (["-h"], ["--help"]):
+        return _usage(0)
     return run(argv[1:])
 
 

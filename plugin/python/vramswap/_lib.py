@@ -1,10 +1,13 @@
 """Loading libvramswap.so (and, in the CPU-emulation mode, cudasim) through ctypes.
 
 Where the libraries are found:
-  VRAMSWAP_LIBRARY      the path of libvramswap.so; default: <repo>/build/lib/libvramswap.so
+  VRAMSWAP_LIBRARY      the path of libvramswap.so; default: the package's own lib/ (an
+                        installed package: `pip install .` puts the libraries there), else
+                        <repo>/build/lib/libvramswap.so (the package run from a checkout)
   VRAMSWAP_CUDASIM_DIR  the directory holding cudasim's libcudart.so.13 and libcuda.so.1;
                         default: the `sim` directory beside the library's `lib` directory
-                        (the build tree's layout: build/lib, build/sim)
+                        (the build tree's layout, build/lib and build/sim, and the installed
+                        package's, vramswap/lib and vramswap/sim)
 
 cudasim is loaded with RTLD_GLOBAL *before* libvramswap.so, so the loader satisfies the
 library's DT_NEEDED entries (libcudart.so.13, libcuda.so.1) with cudasim's objects, which
@@ -36,9 +39,14 @@ class VramswapError(RuntimeError):
     """A vramswap C ABI call failed; the message is vramswap_last_error()."""
 
 
+_PACKAGED = Path(__file__).resolve().parent / "lib" / "libvramswap.so"
+
+
 def library_path():
     env = os.environ.get("VRAMSWAP_LIBRARY")
-    return Path(env) if env else _REPO_ROOT / "build" / "lib" / "libvramswap.so"
+    if env:
+        return Path(env)
+    return _PACKAGED if _PACKAGED.exists() else _REPO_ROOT / "build" / "lib" / "libvramswap.so"
 
 
 def cudasim_dir():
