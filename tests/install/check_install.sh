@@ -56,9 +56,13 @@ cc -o "$work/consumer_pc" "$here/consumer/consumer.c" $(pkg-config --cflags --li
    -Wl,-rpath-link,"$sim_dir" || fail "building with pkg-config's flags failed"
 LD_LIBRARY_PATH="$prefix/lib:$sim_dir" "$work/consumer_pc" || fail "the pkg-config consumer failed"
 
-# 4. The installed library is the one that ran.
-loaded="$(LD_LIBRARY_PATH="$prefix/lib:$sim_dir" LD_TRACE_LOADED_OBJECTS=1 "$work/consumer_pc" | sed -n 's/.*libvramswap.so.0 => \([^ ]*\).*/\1/p')"
-[[ "$(readlink -f "$loaded")" == "$(readlink -f "$lib")" ]] || fail "the pkg-config consumer loaded '$loaded', not $lib"
-loaded="$(LD_TRACE_LOADED_OBJECTS=1 "$work/consumer/consumer" | sed -n 's/.*libvramswap.so.0 => \([^ ]*\).*/\1/p')"
-[[ "$(readlink -f "$loaded")" == "$(readlink -f "$lib")" ]] || fail "the find_package consumer loaded '$loaded', not $lib"
+# 4. The installed library is the one that ran. expect_installed WHICH PROGRAM (with the
+# LD_LIBRARY_PATH in force for it).
+expect_installed() {
+  local loaded
+  loaded="$(LD_TRACE_LOADED_OBJECTS=1 "$2" | sed -n 's/.*libvramswap.so.0 => \([^ ]*\).*/\1/p')"
+  [[ "$(readlink -f "$loaded")" == "$(readlink -f "$lib")" ]] || fail "the $1 consumer loaded '$loaded', not $lib"
+}
+LD_LIBRARY_PATH="$prefix/lib:$sim_dir" expect_installed pkg-config "$work/consumer_pc"
+expect_installed find_package "$work/consumer/consumer"
 echo "check_install: vramswap $version installed, found by find_package and pkg-config, and run from $prefix"

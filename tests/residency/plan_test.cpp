@@ -3,6 +3,8 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "residency/engine_test_util.h"
 
 namespace engine_test {
@@ -15,32 +17,38 @@ class PlanTest : public EngineFixture {
   struct StepCounts {
     uint64_t evicted = 0, planned = 0, faults = 0;
   };
+  // Backward's use of block `i` of a forward saved from `seed`: unpacked and checked, then
+  // `before_release` (the junction's free, after the first use), then released and freed.
+  void use_and_free(const Saved& saved, int i, uint8_t seed, size_t size = kBlock,
+                    const std::function<void()>& before_release = {}) {
+    EXPECT_TRUE(engine_->unpack(saved.handles[i], stream_).ok) << i;
+    EXPECT_TRUE(holds(saved.blocks[i], uint8_t(seed + i), size)) << "block " << i;
+    if (before_release) before_release();
+    EXPECT_TRUE(engine_->release(saved.handles[i]).ok) << i;
+    EXPECT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
+  }
   // One training step: a forward saves `n` blocks (block `odd` is `odd_size` bytes), the
   // junction allocates kJunction untagged bytes, backward uses the blocks last-saved first
   // (each checked), releases and frees them; the junction block goes after the first use.
   StepCounts step(int n, uint8_t seed, int odd = -1, size_t odd_size = kBlock) {
     const EngineStats before = stats();
     engine_->graph_begin();
-    std::vector<void*> blocks;
-    std::vector<uint64_t> handles;
+    Saved saved;
     std::vector<size_t> sizes;
     for (int i = 0; i < n; ++i) {
       sizes.push_back(i == odd ? odd_size : kBlock);
-      blocks.push_back(tagged(uint8_t(seed + i), sizes.back()));
-      handles.push_back(pack_cold(blocks.back()));
+      saved.blocks.push_back(tagged(uint8_t(seed + i), sizes.back()));
+      saved.handles.push_back(pack_cold(saved.blocks.back()));
     }
     std::string error;
     void* junction = pool_->allocate(kJunction, stream_, &error);
     EXPECT_NE(nullptr, junction) << error;
     for (int i = n - 1; i >= 0; --i) {
-      EXPECT_TRUE(engine_->unpack(handles[i], stream_).ok) << i;
-      EXPECT_TRUE(holds(blocks[i], uint8_t(seed + i), sizes[i])) << "block " << i;
-      if (junction) {
+      use_and_free(saved, i, seed, sizes[i], [&] {
+        if (!junction) return;
         EXPECT_TRUE(pool_->deallocate(junction, stream_).ok);
         junction = nullptr;
-      }
-      EXPECT_TRUE(engine_->release(handles[i]).ok) << i;
-      EXPECT_TRUE(engine_->free_tagged(blocks[i], stream_).ok) << i;
+      });
     }
     EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream_));
     EXPECT_EQ("", engine_->check_invariants());
@@ -76,23 +84,13 @@ TEST_F(PlanTest, FollowingAPlanTheNoWaitReclaimStartsNoEvictionBeyondIt) {
   start(28 * kMiB);
   step(6, 10);  // recorded: the plan evicts block 0, needed last
   engine_->graph_begin();
-  std::vector<void*> blocks;
-  std::vector<uint64_t> handles;
-  for (int i = 0; i < 6; ++i) {
-    blocks.push_back(tagged(uint8_t(40 + i)));
-    handles.push_back(pack_cold(blocks.back()));
-  }
+  const Saved saved = save_cold(6, 40);
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());  // the planned copy has landed
   EXPECT_EQ(kBlock, stats().clean_bytes) << "the plan's victim is copied out and still mapped";
   const uint64_t freed = engine_->reclaim(3 * kBlock, DevicePool::ReclaimMode::kNoWait);
   EXPECT_EQ(kBlock, freed) << "the plan's victim is given up";
   EXPECT_EQ(0u, stats().in_flight_bytes) << "no eviction beyond the plan was started";
-  for (int i = 5; i >= 0; --i) {
-    EXPECT_TRUE(engine_->unpack(handles[i], stream_).ok) << i;
-    EXPECT_TRUE(holds(blocks[i], uint8_t(40 + i))) << "block " << i;
-    EXPECT_TRUE(engine_->release(handles[i]).ok) << i;
-    EXPECT_TRUE(engine_->free_tagged(blocks[i], stream_).ok) << i;
-  }
+  for (int i = 5; i >= 0; --i) use_and_free(saved, i, 40);
   EXPECT_EQ("", engine_->check_invariants());
 }
 
@@ -108,12 +106,7 @@ TEST_F(PlanTest, ABlockEvictedBeyondThePlanComesBackWithThePlansFetches) {
   step(6, 10);  // recorded: the plan evicts block 0, needed last
   const EngineStats before = stats();
   engine_->graph_begin();
-  std::vector<void*> blocks;
-  std::vector<uint64_t> handles;
-  for (int i = 0; i < 6; ++i) {
-    blocks.push_back(tagged(uint8_t(40 + i)));
-    handles.push_back(pack_cold(blocks.back()));
-  }
+  const Saved saved = save_cold(6, 40);
   std::string error;
   void* junction = pool_->allocate(kJunction, stream_, &error);
   ASSERT_NE(nullptr, junction) << error;
@@ -125,15 +118,12 @@ TEST_F(PlanTest, ABlockEvictedBeyondThePlanComesBackWithThePlansFetches) {
       EXPECT_EQ(2u, stats().num_prefetches - before.num_prefetches)
           << "blocks 1 and 0 are on their way back before backward reaches block 2";
     }
-    EXPECT_TRUE(engine_->unpack(handles[i], stream_).ok) << i;
-    EXPECT_TRUE(holds(blocks[i], uint8_t(40 + i))) << "block " << i;
-    if (junction) {
+    use_and_free(saved, i, 40, kBlock, [&] {
+      if (!junction) return;
       EXPECT_TRUE(pool_->deallocate(junction, stream_).ok);
       EXPECT_TRUE(pool_->deallocate(more, stream_).ok);
       junction = more = nullptr;
-    }
-    EXPECT_TRUE(engine_->release(handles[i]).ok) << i;
-    EXPECT_TRUE(engine_->free_tagged(blocks[i], stream_).ok) << i;
+    });
   }
   EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream_));
   EXPECT_EQ(1u, stats().num_planned_steps);
