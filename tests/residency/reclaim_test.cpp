@@ -205,6 +205,64 @@ TEST_F(ReclaimTest, AFetchStillInFlightWhenTheWindowMovesOnIsAVictimOnceItLands)
   ASSERT_TRUE(engine_->free_tagged(b, stream_).ok);
 }
 
+// A block freed while its fetch is still in flight (the host runs ahead of the device:
+// backward frees a block whose copy back it has queued work behind, before the copy has
+// landed) is reusable once *its* copy lands, not once every copy queued on the fetch stream
+// after it has. Ordering the reuse by an event recorded on the fetch stream at the free made
+// an allocation wait for the whole fetch queue: on gpt-1.3b-flash at half its peak, the
+// planned fetches queued 190 ms of copies ahead, and backward's host waited for all of them
+// at an allocation (the step 9% slower than the bound). Here a's fetch is held by one gate,
+// b's (queued after it) by a second; a is freed, then its gate opens while an allocation
+// needs a's memory: it must not wait for b's gate.
+TEST_F(ReclaimTest, ABlockFreedWhileItsFetchIsInFlightIsReusableOnceThatFetchLands) {
+  EngineOptions options;
+  options.horizon = 0;
+  start(8 * kMiB, options);  // two blocks
+  ASSERT_NE(nullptr, h2d_) << "the engine's H2D stream was not seen being created";
+  engine_->graph_begin();
+  const Saved saved = save_cold(2, 1);
+  void* a = saved.blocks[0];
+  void* b = saved.blocks[1];
+  const uint64_t ha = saved.handles[0], hb = saved.handles[1];
+  // The forward goes on: both go to the host.
+  void* c = tagged(3);
+  ASSERT_NE(nullptr, c);
+  void* d = tagged(4);
+  ASSERT_NE(nullptr, d);
+  ASSERT_TRUE(engine_->free_tagged(c, stream_).ok);
+  ASSERT_TRUE(engine_->free_tagged(d, stream_).ok);
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+  ASSERT_EQ(8 * kMiB, stats().evicted_bytes) << "a and b";
+  void* e = nullptr;
+  {
+    StreamGate first, second;  // open, at the latest, when the case leaves this scope
+    LetGoLater watchdog(second, pool_test::kHangTimeout);
+    ASSERT_CUDA_OK(first.hold(h2d_));
+    ASSERT_TRUE(engine_->prefetch(ha).ok);  // behind the first gate
+    ASSERT_CUDA_OK(second.hold(h2d_));
+    ASSERT_TRUE(engine_->prefetch(hb).ok);  // behind the second
+    ASSERT_EQ(2u, stats().num_prefetches);
+    // Backward uses a (its stream waits for the fetch) and frees it, all queued while the
+    // fetch is still in flight.
+    ASSERT_TRUE(engine_->unpack(ha, stream_).ok);
+    ASSERT_TRUE(engine_->release(ha).ok);
+    ASSERT_TRUE(engine_->free_tagged(a, stream_).ok);
+    // An allocation needs a's memory (b's is taken); a's copy lands while it waits.
+    LetGoLater let_go(first, pool_test::kLetGoDelay);
+    std::string error;
+    e = engine_->allocate_tagged(kBlock, stream_, &error);
+    ASSERT_NE(nullptr, e) << error;
+    let_go.finish();
+    EXPECT_FALSE(watchdog.fired()) << "the allocation waited for b's fetch, queued after a's";
+    watchdog.finish();
+  }
+  ASSERT_TRUE(engine_->unpack(hb, stream_).ok);  // waits for b's fetch
+  EXPECT_TRUE(holds(b, 2));
+  ASSERT_TRUE(engine_->release(hb).ok);
+  ASSERT_TRUE(engine_->free_tagged(b, stream_).ok);
+  ASSERT_TRUE(engine_->free_tagged(e, stream_).ok);
+}
+
 // A clean block (copied out, pages still mapped) gives its pages up at once when an
 // allocation needs them: with the compute stream held, an allocation past the limit
 // succeeds, so nothing waited for the device or for a copy; the block comes back intact.
