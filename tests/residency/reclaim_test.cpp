@@ -20,6 +20,9 @@
 //   interposes cudaStreamCreateWithPriority (the engine creates its copy streams with it,
 //   the H2D one with the greatest priority; nothing else in this executable does) to learn
 //   its handle, and holds it with a StreamGate (tests/pool/pool_test_util.h).
+// * Evictions in flight: their D2H copies are held the same way. The D2H stream is learned
+//   from the copies themselves: cudaMemcpyAsync is interposed too, and the stream of a
+//   device-to-host copy queued on a stream other than the case's own is the engine's.
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
@@ -51,6 +54,17 @@ CreatedStreams& created_streams() {
   return c;
 }
 
+// The stream of the last device-to-host copy queued on a stream other than `own_stream`.
+struct CopyStreams {
+  std::mutex mu;
+  cudaStream_t own_stream = nullptr;
+  cudaStream_t d2h = nullptr;
+};
+CopyStreams& copy_streams() {
+  static CopyStreams c;
+  return c;
+}
+
 }  // namespace
 
 // Interposed for the engine (src/cuda/stream.cpp is linked statically into this executable,
@@ -64,6 +78,22 @@ cudaError_t CUDARTAPI cudaStreamCreateWithPriority(cudaStream_t* stream, unsigne
   std::lock_guard lock(c.mu);
   if (status == cudaSuccess && c.recording) c.streams.emplace_back(*stream, priority);
   return status;
+}
+
+// Interposed like cudaStreamCreateWithPriority (src/cuda/stream.cpp's copy_async binds here).
+cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                                      cudaStream_t stream) {
+  using Fn = cudaError_t (*)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t);
+  static const Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "cudaMemcpyAsync"));
+  if (real == nullptr) return cudaErrorUnknown;
+  cudaPointerAttributes to{};
+  const bool to_host = cudaPointerGetAttributes(&to, dst) == cudaSuccess && to.type != cudaMemoryTypeDevice;
+  CopyStreams& c = copy_streams();
+  {
+    std::lock_guard lock(c.mu);
+    if (to_host && stream != c.own_stream) c.d2h = stream;
+  }
+  return real(dst, src, count, kind, stream);
 }
 
 namespace {
@@ -261,6 +291,74 @@ TEST_F(ReclaimTest, ABlockFreedWhileItsFetchIsInFlightIsReusableOnceThatFetchLan
   ASSERT_TRUE(engine_->release(hb).ok);
   ASSERT_TRUE(engine_->free_tagged(b, stream_).ok);
   ASSERT_TRUE(engine_->free_tagged(e, stream_).ok);
+}
+
+// Evictions run in the order they were queued: an allocation that needs one block's room
+// waits for the first eviction under way to land, not for all of them. Waiting for every
+// copy in flight, an allocation in the forward waited for all the plan's evictions queued
+// ahead of it (38 ms of copies on gpt-small-v10k at 75%, three times a step). Here a's
+// eviction is held by one gate and b's, queued after it, by a second; an allocation needs
+// one block's room while the first gate opens: it must not wait for the second.
+TEST_F(ReclaimTest, AnAllocationWaitsOnlyForTheEvictionsItNeeds) {
+  start_soft(12 * kMiB, kMiB, 0);  // three blocks; every cold block is copied out at once
+  {
+    std::lock_guard lock(copy_streams().mu);
+    copy_streams().own_stream = stream_;
+    copy_streams().d2h = nullptr;
+  }
+  engine_->graph_begin();
+  // A first eviction shows which stream the engine copies out on; then z goes.
+  void* z = tagged(9);
+  const uint64_t hz = pack_cold(z);
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  cudaStream_t d2h = nullptr;
+  {
+    std::lock_guard lock(copy_streams().mu);
+    d2h = copy_streams().d2h;
+  }
+  ASSERT_NE(nullptr, d2h) << "no eviction was seen being queued";
+  ASSERT_EQ(1u, stats().num_evictions);
+  ASSERT_TRUE(engine_->release(hz).ok);
+  ASSERT_TRUE(engine_->free_tagged(z, stream_).ok);
+  void* d = nullptr;
+  void* a = nullptr;
+  void* b = nullptr;
+  uint64_t ha = 0, hb = 0;
+  {
+    StreamGate first, second;  // open, at the latest, when the case leaves this scope
+    LetGoLater watchdog(second, pool_test::kHangTimeout);
+    ASSERT_CUDA_OK(first.hold(d2h));
+    a = tagged(1);
+    ha = pack_cold(a);  // its copy out waits behind the first gate
+    ASSERT_CUDA_OK(second.hold(d2h));
+    b = tagged(2);
+    hb = pack_cold(b);  // behind the second
+    void* c = tagged(3);  // the limit is full now
+    ASSERT_NE(nullptr, c);
+    ASSERT_TRUE(engine_->free_tagged(c, stream_).ok);
+    ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+    c = tagged(4);
+    ASSERT_NE(nullptr, c);
+    // One more block's room: a's copy lands while the allocation waits.
+    LetGoLater let_go(first, pool_test::kLetGoDelay);
+    std::string error;
+    d = engine_->allocate_tagged(kBlock, stream_, &error);
+    ASSERT_NE(nullptr, d) << error;
+    let_go.finish();
+    EXPECT_FALSE(watchdog.fired()) << "the allocation waited for b's eviction, queued after a's";
+    watchdog.finish();
+    ASSERT_TRUE(engine_->free_tagged(c, stream_).ok);
+  }
+  const EngineStats s = stats();
+  EXPECT_EQ(4 * kMiB, s.evicted_bytes) << "a gave its pages up";
+  EXPECT_LE(s.resident_bytes, 12 * kMiB);
+  ASSERT_TRUE(engine_->free_tagged(d, stream_).ok);
+  ASSERT_TRUE(engine_->unpack(hb, stream_).ok);
+  EXPECT_TRUE(holds(b, 2));
+  ASSERT_TRUE(engine_->unpack(ha, stream_).ok);
+  EXPECT_TRUE(holds(a, 1));
+  for (uint64_t h : {ha, hb}) ASSERT_TRUE(engine_->release(h).ok);
+  for (void* p : {a, b}) ASSERT_TRUE(engine_->free_tagged(p, stream_).ok);
 }
 
 // A clean block (copied out, pages still mapped) gives its pages up at once when an
