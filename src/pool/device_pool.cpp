@@ -92,6 +92,7 @@ struct Pending {
   std::vector<uintptr_t> addrs;
   std::vector<cuda::Event> events;
   cudaStream_t tag_after;
+  uint64_t serial = 0;  // the order of the frees (Impl::next_serial_)
 };
 
 std::string pointer_name(const void* p) {
@@ -233,8 +234,10 @@ class DevicePool::Impl {
   void drop_stale_promotions();
   // poll_pending() when a freed block waits for an event (the slow paths' cheap check).
   void poll_if_waiting() {
-    if (!pending_.empty() || !promotions_.empty()) poll_pending();
+    if (waiting()) poll_pending();
   }
+  // A freed block waits for an event.
+  bool waiting() const { return !pending_.empty() || !promotions_.empty(); }
   // Synchronizes the device (lock released) and then makes every block that was free under
   // a stream tag, or pending, when it started reusable by any stream. Events are not
   // recorded on the freeing streams now: they may have been destroyed since the free.
@@ -263,7 +266,11 @@ class DevicePool::Impl {
   // released), then frees the block for any stream. False with *result unchanged when the
   // synchronization failed (the block stays live), or set when the block is no longer live.
   bool free_after_device_synchronization(void* ptr, std::unique_lock<std::mutex>& lock, Result* result);
-  // Waits (lock released) for the events of the blocks pending now, then frees them.
+  // Waits (lock released) for the events of the oldest free still pending (a pending block
+  // or a promotion), then frees what has become reusable. One at a time: waiting for every
+  // pending free at once, a fetch into memory one of them would have freed waited for the
+  // last (a block freed while its copy to the host was in flight: 10 ms at gpt-small-v10k's
+  // junction). The callers repeat it while it helps.
   void drain_pending(std::unique_lock<std::mutex>& lock);
   // The escalation under pressure, each measure costlier than the one before: unmap
   // unused cached granules (spare pages); the reclaimer's measures that need no wait
@@ -638,9 +645,14 @@ bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock
 
 void DevicePool::Impl::drain_pending(std::unique_lock<std::mutex>& lock) {
   std::vector<cudaEvent_t> waits;
+  uint64_t oldest = UINT64_MAX;
+  for (auto& p : pending_) oldest = std::min(oldest, p.serial);
+  for (auto& p : promotions_) oldest = std::min(oldest, p.serial);
   for (auto& p : pending_)
-    for (auto& e : p.events) waits.push_back(e.get());
-  for (auto& p : promotions_) waits.push_back(p.event.get());
+    if (p.serial == oldest)
+      for (auto& e : p.events) waits.push_back(e.get());
+  for (auto& p : promotions_)
+    if (p.serial == oldest) waits.push_back(p.event.get());
   lock.unlock();
   cuda::synchronize_events(waits);  // an event recycled meanwhile only makes this wait longer
   lock.lock();
@@ -844,6 +856,7 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
   for (size_t step = 0; step <= std::size(kSteps); ++step) {
     if (step > 0 && !relieve(kSteps[step - 1], lacking, stream, lock)) continue;
     if (void* p = place(true)) return p;
+    if (step > 0 && kSteps[step - 1] == Relief::kDrainPending && waiting()) --step;  // the next oldest
   }
   // Placing for eviction is a preference, never a reason to fail: any hole on the mapped
   // granules, closed ones included, before an out-of-memory.
@@ -907,6 +920,7 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait, cudaStream_t stream)
       blocks_.at(addr).away = false;
       return {};
     }
+    if (step > 0 && kSteps[step - 1] == Relief::kDrainPending && waiting()) --step;  // the next oldest
   }
   return {false, "map of " + pointer_name(ptr) + " (" + format_size(size) + "): refused by " + why};
 }
@@ -966,7 +980,7 @@ void DevicePool::Impl::count_free(BlockIt b) {
 void DevicePool::Impl::hold_back(BlockIt b, std::vector<cuda::Event> events, cudaStream_t tag_after) {
   b->second.state = State::kPending;
   b->second.also_on.clear();
-  pending_.push_back(Pending{{b->first}, std::move(events), tag_after});
+  pending_.push_back(Pending{{b->first}, std::move(events), tag_after, ++next_serial_});
 }
 
 bool DevicePool::Impl::free_after_device_synchronization(void* ptr, std::unique_lock<std::mutex>& lock,

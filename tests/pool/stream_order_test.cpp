@@ -328,6 +328,41 @@ TEST_F(StreamOrder, AtTheLimitAHeldBackBlockIsAwaitedInsteadOfFailing) {
   }
 }
 
+TEST_F(StreamOrder, AtTheLimitOnlyTheHeldBackBlocksNeededAreAwaited) {
+  // A two-granule pool whose blocks are both held back: p by queued work on B, q by queued
+  // work on C. A request for one granule waits for p's event (B goes on) and must not also
+  // wait for q's (C stays held until the case ends). Waiting for every pending free at once,
+  // an engine's fetch waited for a block whose copy to the host ended 10 ms later than the
+  // one it needed.
+  DevicePool limited(PoolOptions{0, 2 * g_});
+  std::string error;
+  void* p = limited.allocate(g_, a_, &error);
+  ASSERT_NE(nullptr, p) << error;
+  void* q = limited.allocate(g_, a_, &error);
+  ASSERT_NE(nullptr, q) << error;
+  StreamGate first, second;
+  LetGoLater watchdog(second, kHangTimeout);
+  ASSERT_CUDA_OK(first.hold(b_));
+  ASSERT_CUDA_OK(second.hold(c_));
+  ASSERT_TRUE(limited.record_stream(p, b_).ok);
+  ASSERT_TRUE(limited.record_stream(q, c_).ok);
+  ASSERT_TRUE(limited.deallocate(p, a_).ok);
+  ASSERT_TRUE(limited.deallocate(q, a_).ok);
+
+  LetGoLater let_go(first, kLetGoDelay);
+  void* r = limited.allocate(g_, a_, &error);
+  let_go.finish();
+  EXPECT_NE(nullptr, r) << error;
+  EXPECT_FALSE(watchdog.fired()) << "the request waited for q's event too";
+  EXPECT_EQ(p, r) << "p's memory, the block that became free";
+  watchdog.finish();
+  ASSERT_CUDA_OK(wait_for_stream(b_));
+  ASSERT_CUDA_OK(wait_for_stream(c_));
+  if (r != nullptr) {
+    EXPECT_TRUE(limited.deallocate(r, a_).ok);
+  }
+}
+
 TEST_F(StreamOrder, EmptyCacheNeverUnmapsMemoryThatQueuedWorkUses) {
   // A block freed on A while A's work on it is queued: empty_cache() may wait for that
   // work or leave the block's granules mapped, but must not unmap them under it (on
