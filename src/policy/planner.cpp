@@ -85,9 +85,10 @@ Plan make_plan(const RecordedStep& step, const PlanOptions& options) {
   // its copy has landed by j.
   CopyQueue copies(step, options.bytes_per_ns);
   std::vector<uint32_t> chosen;
+  std::vector<uint8_t> late(nb, 0);  // chosen although its copy lands after the point needing it
   auto out_at = [&](uint32_t b, uint32_t j) {
     const StepBlock& s = step.blocks[b];
-    return s.cold < j && j <= last_out(s) && copies.landed(b) <= copies.time(j);
+    return s.cold < j && j <= last_out(s) && (late[b] || copies.landed(b) <= copies.time(j));
   };
   auto covered = [&](uint32_t j) {
     uint64_t out = 0;
@@ -117,6 +118,28 @@ Plan make_plan(const RecordedStep& step, const PlanOptions& options) {
       plan.evict[c.second] = 1;
       chosen.push_back(c.second);
       copies.add(c.second);
+      out = covered(j);
+    }
+    // No copy can land by this point: the step will wait for one whatever is chosen, so the
+    // one that lands first (it stalls least), rather than leaving the bytes to the reactive
+    // policy, which evicts beyond the plan and waits as well.
+    while (out < must[j] && !too_late.empty()) {
+      size_t best = 0;
+      uint64_t best_at = UINT64_MAX;
+      for (size_t i = 0; i < too_late.size(); ++i) {
+        const uint64_t at = copies.landing_if_added(too_late[i].second);
+        if (at < best_at || (at == best_at && too_late[i].first > too_late[best].first)) {
+          best = i;
+          best_at = at;
+        }
+      }
+      const uint32_t b = too_late[best].second;
+      too_late[best] = too_late.back();
+      too_late.pop_back();
+      plan.evict[b] = 1;
+      late[b] = 1;
+      chosen.push_back(b);
+      copies.add(b);
       out = covered(j);
     }
     for (const Candidate& c : too_late) candidates.push(c);

@@ -37,10 +37,14 @@
 // the order their blocks went cold (the engine starts each at its mark_cold), each taking
 // bytes / rate. A candidate whose copy could not land by the point that needs it is passed
 // over for one that went cold earlier (the block saved just before the forward ends is
-// needed late in backward, but its copy cannot be done by the junction). Without times the
+// needed late in backward, but its copy cannot be done by the junction). Where no copy can
+// land in time (the forward makes bytes cold faster than the bus takes them), the step waits
+// at that point whatever the plan says: the victims are then the blocks whose copies land
+// first (the least wait), counted as out from their cold point on, rather than bytes left to
+// the reactive policy, which would evict beyond the plan and wait too. Without times the
 // plan goes by the order of points alone. Fetches are placed by memory only; the engine's
-// feedback (`extra`: bytes an allocation still had to wait for at a point, added to that
-// point next step) corrects what the plan gets wrong.
+// feedback (`extra`: bytes an allocation still had to wait for at a point beyond the
+// evictions under way, added to that point next step) corrects what the plan gets wrong.
 //
 // Thread safety: pure functions on values.
 #pragma once

@@ -80,8 +80,9 @@ void StepRecorder::refetch(uint32_t block) {
   if (next < fetches_.size() && next < use) fetches_[next].push_back(block);
 }
 
-void StepRecorder::waited(uint64_t bytes) {
-  if (!following_ || step_.demand.empty()) return;
+void StepRecorder::waited(uint64_t bytes, uint64_t under_way) {
+  if (!following_ || step_.demand.empty() || bytes <= under_way) return;
+  bytes -= under_way;
   const size_t p = step_.demand.size() - 1;
   if (waited_.size() <= p) waited_.resize(p + 1, 0);
   waited_[p] += bytes;

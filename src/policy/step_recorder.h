@@ -24,7 +24,8 @@
 // hooks run, and several found at once may come in another order from one step to the next,
 // which moves a fetch by a point or two and changes nothing else. A step that ended
 // following the plan counts as planned; the bytes its allocations still had to wait for at
-// a point (waited()) are added to that point's demand in the next plan (feedback).
+// a point beyond the evictions then under way (waited()) are added to that point's demand
+// in the next plan (feedback).
 //
 // A plan must earn its place: when the points' times are known, two planned steps in a
 // row (the second with the first's feedback) that took longer (first point to last) than
@@ -96,8 +97,11 @@ class StepRecorder {
   void refetch(uint32_t block);
 
   // Following: an allocation at the current point still had to wait for `bytes` of
-  // evictions (feedback for the next plan).
-  void waited(uint64_t bytes);
+  // evictions, `under_way` bytes of evictions being in flight. What they do not cover is
+  // feedback for the next plan (added to the point's demand); what they cover is the plan's
+  // copies landing late, not memory it lacked: counting that too, the plan grew at every
+  // step where the copies, not the plan, kept the allocation waiting.
+  void waited(uint64_t bytes, uint64_t under_way = 0);
   // An allocation since the last point needed the pool to map `bytes` with nothing evicted
   // (what was mapped, what it lacked, and the evicted blocks' bytes): the next point's
   // demand is at least that.

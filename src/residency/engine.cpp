@@ -127,9 +127,11 @@ class Engine::Impl {
       const uint64_t unmapped = st_.evicted_bytes - std::min(st_.evicted_bytes, in_flight_bytes(Residency::kFetching));
       recorder_.pressure(pool_.stats().limit_bytes + bytes + unmapped);
       if (recorder_.following()) {
-        recorder_.waited(bytes);
-        stats::log(stats::LogLevel::kDebug, "device %d: following the plan, an allocation waits for %llu bytes",
-                   device_, static_cast<unsigned long long>(bytes));
+        const uint64_t leaving = in_flight_bytes(Residency::kEvicting);
+        recorder_.waited(bytes, leaving);
+        stats::log(stats::LogLevel::kDebug,
+                   "device %d: following the plan, an allocation waits for %llu bytes (%llu under way)", device_,
+                   static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(leaving));
       }
     }
     const uint64_t before = unmapped_total_;

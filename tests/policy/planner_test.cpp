@@ -119,6 +119,21 @@ TEST(MakePlanTimed, CopiesQueueInTheOrderOfCold) {
   EXPECT_EQ(1u, plan.num_victims);
 }
 
+TEST(MakePlanTimed, WhenNoCopyCanLandInTimeTheOneThatLandsFirstIsChosen) {
+  // X = 40 at point 2 (t = 20). A (cold at t = 0) lands at 40, B (cold at t = 10, needed
+  // last) at 50: neither is out by t = 20. The step waits at point 2 whatever the plan says;
+  // left uncovered, the reactive policy evicts there and waits as well, beyond the plan (on
+  // gpt-small-v10k at 75% the plan then alternated between two step lengths, 1.04x and 1.08x
+  // the bound). A, which lands first, is the victim; it stays out until point 2 has passed.
+  RecordedStep step{{10, 10, 50, 10, 10, 10, 10, 10, 10, 10, 10, 10}, {{40, 0, 9}, {40, 1, 11}}, {}};
+  step.time_ns = every_10ns(step.demand.size());
+  const Plan plan = make_plan(step, {10, 0, {}, 1.0});
+  EXPECT_EQ(std::vector<uint8_t>({1, 0}), plan.evict);
+  EXPECT_EQ(2u, plan.fetch_at[0]);
+  EXPECT_EQ(0u, plan.shortfall_bytes);
+  EXPECT_EQ(40u, plan.planned_bytes);
+}
+
 TEST(MakePlanTimed, TimesOfTheWrongLengthAreIgnored) {
   RecordedStep step{{10, 10, 10, 10, 50, 10, 10, 10, 10, 10, 10, 10}, {{40, 0, 9}, {40, 3, 11}}, {0, 10}};
   EXPECT_EQ(std::vector<uint8_t>({0, 1}), make_plan(step, {10, 0, {}, 1.0}).evict);
