@@ -45,10 +45,10 @@ WEDSONLIN = "Wedsonlin_cs336medium_b4_s128_bf16ac_trainstep.pickle"  # has an op
 from checks import check, finish, skip  # noqa: E402
 
 
-def cli(*args):
+def cli(*args, cwd=None):
     env = dict(os.environ, PYTHONPATH=str(PYDIR))
     return subprocess.run([sys.executable, "-m", "vramswap", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=300)
+                          env=env, timeout=300, cwd=cwd)
 
 
 def json_of(p):
@@ -150,10 +150,25 @@ def test_bench_cli():
           p.returncode == 0 and runs and all(r["warmup_steps"] == 2 and "first_step" in r and "bound_ns" in r
                                              and "step/bound" in r and "d2h/must_leave" in r for r in runs)
           and obj["scenarios"]["gpt-small"]["warmup"] == 2, f"rc {p.returncode}, {p.stderr[-400:]!r}")
-    p = cli("bench", "gpt-small", "--quick", "--warmup", "0")
-    check("bench --warmup 0: the first step is measured, and the table has the bound",
-          p.returncode == 0 and "step/bound" in p.stdout and "(this)" in p.stdout
-          and "warm-up step(s)" not in p.stdout, f"rc {p.returncode}, {p.stdout[-600:]!r} {p.stderr[-300:]!r}")
+    with tempfile.TemporaryDirectory() as d:
+        p = cli("bench", "gpt-small", "--quick", "--warmup", "0", cwd=d)
+        check("bench --warmup 0: the first step is measured, and the table has the bound",
+              p.returncode == 0 and "step/bound" in p.stdout and "(this)" in p.stdout
+              and "warm-up step(s)" not in p.stdout, f"rc {p.returncode}, {p.stdout[-600:]!r} {p.stderr[-300:]!r}")
+        written = Path(d) / "vramswap-bench" / "gpt-small"
+        check("bench without --out writes to vramswap-bench/<scenario>/ in the current directory, and says so",
+              (written / "results.json").is_file() and (written / "memory.svg").is_file()
+              and "plots, traces and JSON: vramswap-bench" in p.stdout,
+              f"{sorted(x.name for x in written.iterdir()) if written.is_dir() else 'no ' + str(written)}; "
+              f"{p.stdout[-200:]!r}")
+    p = cli("bench", "vgg16-b128", "--quick", "--json")
+    obj = json_of(p)
+    runs = obj["scenarios"]["vgg16-b128"]["runs"] if obj else []
+    quick = [r for r in runs if r["policy"] == "vramswap" and len(r.get("label", "").split()) == 2
+             and int(r["label"].split()[1].rstrip("%")) < 100]  # "vramswap 75%": no soft limit, below the peak
+    check("bench --quick: the one limit is inside the working set (VGG-16 at batch 128: 75%, not 50%)",
+          p.returncode == 0 and [r["label"] for r in quick] == ["vramswap 75%"] and quick[0]["status"] == "ok",
+          f"rc {p.returncode}, {[(r.get('label'), r['status']) for r in runs]}, {p.stderr[-300:]!r}")
     p = cli("bench", "gpt-small", "--warmup", "many")
     check("bench: a bad --warmup is a usage error naming it", p.returncode == 2 and "--warmup" in p.stderr,
           f"rc {p.returncode}, {p.stderr[-300:]!r}")

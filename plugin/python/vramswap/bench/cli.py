@@ -8,8 +8,11 @@ on cudasim in virtual time (no GPU, no torch).
       snapshot, replayed as `replay` replays it, at the standard limits on the H100 card.
       Files (results.json, table.txt/.md, memory.svg, timeline.svg, trace.json) go to
       DIR/<scenario>/ with --out, to bench/results/<scenario>/ with --results (which also
-      rewrites bench/results/README.md), otherwise to a temporary directory whose path is
-      printed. --json prints one JSON object instead of the tables.
+      rewrites bench/results/README.md), otherwise to vramswap-bench/<scenario>/ in the
+      current directory (DEFAULT_OUT; rewritten by the next run); the folder is printed.
+      --json prints one JSON object instead of the tables and writes files only with --out.
+      --quick runs vramswap at one limit per scenario, the lowest of its limits that the
+      step's working set fits (scenarios.quick_share()), horizon 4.
   replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS]
          [--duplex full|shared] [--soft-limit SIZE|PCT] [--warmup N]
          [--policy none|offload_all|vramswap] [--until PHASE] [--out DIR] [--json]
@@ -46,7 +49,6 @@ import datetime
 import json
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 from . import report, runner, scenarios
@@ -55,6 +57,9 @@ from .workload import PHASES
 _UNITS = {"": 0, "b": 0, "k": 10, "kb": 10, "kib": 10, "m": 20, "mb": 20, "mib": 20,
           "g": 30, "gb": 30, "gib": 30, "t": 40, "tb": 40, "tib": 40}
 RESULTS_DIR = scenarios._REPO_ROOT / "bench" / "results"
+# Where bench writes its plots, traces and JSON when neither --out nor --results is given:
+# relative to the current directory, one folder per scenario, rewritten by the next run.
+DEFAULT_OUT = "vramswap-bench"
 
 
 def parse_size(text):
@@ -140,11 +145,15 @@ def bench_parser():
                    help=f"scenario names (default: {scenarios.DEFAULT}; 'all' for every one; --list shows them), "
                         "or paths of torch memory snapshots (*.pickle) to replay at the standard limits")
     out = p.add_mutually_exclusive_group()
-    out.add_argument("--out", metavar="DIR", type=Path, help="write plots, trace and JSON to DIR/<scenario>/")
+    out.add_argument("--out", metavar="DIR", type=Path,
+                     help=f"write plots, trace and JSON to DIR/<scenario>/ (default: {DEFAULT_OUT}/ in the current "
+                          "directory; with --json, none unless --out is given)")
     out.add_argument("--results", action="store_true",
                      help="write them to bench/results/<scenario>/ and rewrite bench/results/README.md")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
-    p.add_argument("--quick", action="store_true", help="vramswap only at 50%% of the peak, horizon 4 (and above the peak)")
+    p.add_argument("--quick", action="store_true",
+                   help="vramswap only at the lowest of the scenario's limits that its working set fits (50%% of "
+                        "the peak for the GPT steps, 75%% for VGG-16), horizon 4, and above the peak")
     p.add_argument("--workers", type=_workers, default=2, help="child processes run at once (default 2)")
     _warmup_arg(p)
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -191,7 +200,7 @@ def bench(argv):
         p.error("argument --results: bench/results holds full runs; leave out --quick")
     base = RESULTS_DIR if args.results else args.out
     if base is None and not args.json:
-        base = Path(tempfile.mkdtemp(prefix="vramswap-bench-"))
+        base = Path(DEFAULT_OUT)
     say = _progress(args.json)
     done, skipped, out_json = [], {}, {}
     for n in names:

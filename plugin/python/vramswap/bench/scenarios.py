@@ -213,10 +213,28 @@ def _granules(n):
     return max(GRANULE, int(n) // GRANULE * GRANULE)
 
 
-def plan(sc, reference_peak, quick=False):
+def quick_share(sc, workload, reference_peak):
+    """--quick's limit, as a share of the no-offload peak: the lowest of the scenario's shares
+    at which some policy fits the step's working set (the bound is feasible: bound.py), so
+    that the one run --quick makes shows offload at work rather than an out-of-memory
+    (VGG-16 at batch 128 does not fit in half its peak; 75% is its quick share). The largest
+    share when none fits."""
+    from . import bound, measure
+    start, _ = measure.step_start(workload.ops)
+    shares = sorted(sc.limits)
+    for share in shares:
+        limit = _granules(share * reference_peak)
+        if limit <= sc.card_bytes and bound.lower_bound(workload, limit, sc.pcie_gbps, duplex=sc.duplex,
+                                                        first_op=start or 0).feasible:
+            return share
+    return shares[-1]
+
+
+def plan(sc, reference_peak, quick=False, quick_at=0.5):
     """The vramswap runs of a scenario once its no-offload peak is known:
-    [(label, limit, horizon, soft limit or None for the default)]."""
-    limits = (0.5,) if quick else sc.limits
+    [(label, limit, horizon, soft limit or None for the default)]. quick: vramswap only at
+    the share `quick_at` (quick_share()) with horizon 4, and above the peak."""
+    limits = (quick_at,) if quick else sc.limits
     horizons = (4,) if quick else sc.horizons
     runs = []
     for share in limits:
@@ -237,8 +255,8 @@ def plan(sc, reference_peak, quick=False):
 
 
 def run_scenario(sc, quick=False, workers=2, record=True, progress=None, timeout_s=600, warmup=runner.DEFAULT_WARMUP):
-    """Runs every policy of `sc` (quick: vramswap only at 50% with horizon 4, plus the limits
-    above the peak) and returns a ScenarioResult with the results in table order. progress(msg)
+    """Runs every policy of `sc` (quick: vramswap only at quick_share() with horizon 4, plus the
+    limits above the peak) and returns a ScenarioResult with the results in table order. progress(msg)
     is called as runs end. warmup: the steps run before the measured one (measure.py's Note
     [Warm-up steps])."""
     w = sc.workload()
@@ -266,7 +284,7 @@ def run_scenario(sc, quick=False, workers=2, record=True, progress=None, timeout
                               + "; ".join(r.get("error") or "" for r in results if r["policy"] == "none"))
     reference = min(r["peak_device_bytes"] for r in done)
     second = [dict(base, policy="vramswap", label=label, limit_bytes=limit, horizon=h, soft_limit=soft)
-              for label, limit, h, soft in plan(sc, reference, quick)]
+              for label, limit, h, soft in plan(sc, reference, quick, quick_share(sc, w, reference) if quick else 0.5)]
     results += runner.run_many(w, second, workers=workers, timeout_s=timeout_s, on_result=note)
     base_live = runner.live_base_bytes(w)  # a snapshot's carried-in tensors (runner.py)
     facts = {"ops": len(w.ops), "peak_live_bytes": peak_live - base_live, "final_live_bytes": final_live - base_live,
