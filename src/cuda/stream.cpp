@@ -72,6 +72,18 @@ bool synchronize_stream(cudaStream_t stream) {
   return false;
 }
 
+bool stream_done(cudaStream_t stream) {
+  try {
+    if (is_capturing(stream)) return false;
+  } catch (const CudaError&) {
+    return false;
+  }
+  const cudaError_t status = cudaStreamQuery(stream);
+  if (status == cudaSuccess) return true;
+  if (status != cudaErrorNotReady) cudaGetLastError();
+  return false;
+}
+
 int greatest_priority(int device) {
   ContextScope scope(device);
   int least = 0, greatest = 0;

@@ -43,6 +43,10 @@ bool is_capturing(cudaStream_t stream);
 // the stream is capturing a CUDA graph or the call fails.
 bool synchronize_stream(cudaStream_t stream);
 
+// True when the work queued on `stream` has completed, without waiting; false while it has
+// not, and when the stream is capturing a CUDA graph or the query fails.
+bool stream_done(cudaStream_t stream);
+
 // Puts the calling thread in the relaxed stream-capture mode for the scope's lifetime and
 // restores its mode after. In the global mode (CUDA's default) a potentially unsafe call
 // (mapping, pinned allocation, a synchronization) made while another thread captures a

@@ -59,8 +59,8 @@ struct Slot {
 };
 
 // A host buffer that must outlive a copy still in flight (its block was freed, or queuing
-// the rest of its work failed). With no event, the copy stream is synchronized before the
-// buffer goes back.
+// the rest of its work failed). With no event, it goes back once the copy stream has no
+// work left (or after synchronizing it, when the caller waits for everything).
 struct Deferred {
   void* host;
   cuda::Event event;
@@ -1017,8 +1017,11 @@ void Engine::Impl::complete_copies(bool wait) {
 void Engine::Impl::drop_deferred(bool wait) {
   for (size_t i = 0; i < deferred_.size();) {
     Deferred& d = deferred_[i];
+    // Without an event, a call that must not wait only asks whether the stream is idle: a
+    // synchronization here made every engine call wait for the whole fetch queue behind a
+    // freed block's VRAMSWAP_VERIFY readback.
     const bool done = d.event ? (wait ? (d.event.synchronize(), true) : d.event.query())
-                              : cuda::synchronize_stream(d.stream);
+                              : (wait ? cuda::synchronize_stream(d.stream) : cuda::stream_done(d.stream));
     if (!done) {
       ++i;
       continue;

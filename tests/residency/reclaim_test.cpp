@@ -293,6 +293,48 @@ TEST_F(ReclaimTest, ABlockFreedWhileItsFetchIsInFlightIsReusableOnceThatFetchLan
   ASSERT_TRUE(engine_->free_tagged(e, stream_).ok);
 }
 
+// With VRAMSWAP_VERIFY a fetch queues a readback behind it. A block freed while its fetch is
+// in flight leaves that readback buffer to be freed once the fetch stream has done with it;
+// the buffer had no event of its own, and every later engine call, including those that
+// must never wait, synchronized the whole fetch stream to free it.
+TEST_F(ReclaimTest, AReadbackBufferLeftByAFreedBlockIsNotWaitedForByLaterCalls) {
+  EngineOptions options;
+  options.horizon = 0;
+  options.verify = true;
+  start(8 * kMiB, options);  // two blocks
+  ASSERT_NE(nullptr, h2d_) << "the engine's H2D stream was not seen being created";
+  engine_->graph_begin();
+  const Saved saved = save_cold(2, 1);
+  void* a = saved.blocks[0];
+  void* b = saved.blocks[1];
+  const uint64_t ha = saved.handles[0], hb = saved.handles[1];
+  void* c = tagged(3);
+  ASSERT_NE(nullptr, c);
+  void* d = tagged(4);
+  ASSERT_NE(nullptr, d);
+  ASSERT_TRUE(engine_->free_tagged(c, stream_).ok);
+  ASSERT_TRUE(engine_->free_tagged(d, stream_).ok);
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+  ASSERT_EQ(8 * kMiB, stats().evicted_bytes) << "a and b";
+  {
+    StreamGate gate;  // opens, at the latest, when the case leaves this scope
+    LetGoLater watchdog(gate, pool_test::kHangTimeout);
+    ASSERT_CUDA_OK(gate.hold(h2d_));
+    ASSERT_TRUE(engine_->prefetch(ha).ok);  // its fetch and readback wait behind the gate
+    ASSERT_TRUE(engine_->unpack(ha, stream_).ok);
+    ASSERT_TRUE(engine_->release(ha).ok);
+    ASSERT_TRUE(engine_->free_tagged(a, stream_).ok);  // while its fetch is in flight
+    ASSERT_TRUE(engine_->prefetch(hb).ok);            // a call that reaps what has landed
+    EXPECT_FALSE(watchdog.fired()) << "a later call waited for the fetch stream";
+    watchdog.finish();
+  }
+  ASSERT_TRUE(engine_->unpack(hb, stream_).ok);
+  EXPECT_TRUE(holds(b, 2));
+  ASSERT_TRUE(engine_->release(hb).ok);
+  ASSERT_TRUE(engine_->free_tagged(b, stream_).ok);
+  EXPECT_EQ(0u, stats().num_verify_failures);
+}
+
 // Evictions run in the order they were queued: an allocation that needs one block's room
 // waits for the first eviction under way to land, not for all of them. Waiting for every
 // copy in flight, an allocation in the forward waited for all the plan's evictions queued
