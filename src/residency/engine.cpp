@@ -12,8 +12,8 @@
 #include "residency/engine.h"
 
 #include <algorithm>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
