@@ -55,12 +55,22 @@ RelaxedCaptureScope::~RelaxedCaptureScope() {
   if (exchanged_) cudaThreadExchangeStreamCaptureMode(&mode_);
 }
 
-bool synchronize_stream(cudaStream_t stream) {
+namespace {
+
+// Neither capturing a CUDA graph (a synchronization or a query would break the capture)
+// nor unknown: the stream may be waited on or asked.
+bool outside_capture(cudaStream_t stream) {
   try {
-    if (is_capturing(stream)) return false;  // a synchronization would break the capture
+    return !is_capturing(stream);
   } catch (const CudaError&) {
     return false;
   }
+}
+
+}  // namespace
+
+bool synchronize_stream(cudaStream_t stream) {
+  if (!outside_capture(stream)) return false;
   // Relaxed, as for a device synchronization: in the global mode a synchronization while
   // another thread captures would invalidate that capture.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
@@ -73,11 +83,7 @@ bool synchronize_stream(cudaStream_t stream) {
 }
 
 bool stream_done(cudaStream_t stream) {
-  try {
-    if (is_capturing(stream)) return false;
-  } catch (const CudaError&) {
-    return false;
-  }
+  if (!outside_capture(stream)) return false;
   const cudaError_t status = cudaStreamQuery(stream);
   if (status == cudaSuccess) return true;
   if (status != cudaErrorNotReady) cudaGetLastError();

@@ -195,6 +195,22 @@ TEST(StepRecorder, NoPressureMeansAnEmptyPlanFollowed) {
   EXPECT_EQ(0u, r.plan().planned_bytes);
 }
 
+// A step that follows the plan (Driver's, with nothing evicted) and whose junction
+// allocation waited for `bytes` while `under_way` bytes of evictions were in flight; the next
+// plan is made from it.
+void planned_step_that_waited(StepRecorder& r, uint64_t bytes, uint64_t under_way) {
+  r.begin_step();
+  Driver f(r);
+  f.step(0, 4, false);
+  ASSERT_TRUE(r.following());
+  r.waited(bytes, under_way);
+  f.at(K::kRelease, 1, 0, 8);
+  f.at(K::kUnpack, 0, 0, 6);
+  f.at(K::kRelease, 0, 0, 4);
+  r.end_step();
+  r.plan_next({}, 0);
+}
+
 TEST(StepRecorder, WaitsAreCoveredByTheNextPlan) {
   StepRecorder r(true, 10);
   Driver d(r);
@@ -202,16 +218,7 @@ TEST(StepRecorder, WaitsAreCoveredByTheNextPlan) {
   EXPECT_EQ(0u, r.plan().num_victims);
   // The next step follows, but its junction allocation had to wait for 2 bytes (the pool's
   // overhead the demand does not show).
-  r.begin_step();
-  Driver f(r);
-  f.step(0, 4, false);
-  ASSERT_TRUE(r.following());
-  r.waited(2);
-  f.at(K::kRelease, 1, 0, 8);
-  f.at(K::kUnpack, 0, 0, 6);
-  f.at(K::kRelease, 0, 0, 4);
-  r.end_step();
-  r.plan_next({}, 0);
+  planned_step_that_waited(r, 2, 0);
   EXPECT_EQ(1u, r.num_planned_steps());
   EXPECT_EQ(2u, r.plan().must_leave_bytes) << "the wait is added at the junction";
   EXPECT_EQ(1u, r.plan().num_victims);
@@ -223,28 +230,11 @@ TEST(StepRecorder, AWaitTheEvictionsUnderWayCoverIsNoFeedback) {
   d.step(0);
   // The next step follows; its junction allocation waits for 2 bytes while 2 bytes of
   // evictions are still on their way out (the plan's copies land late): nothing is added.
-  r.begin_step();
-  Driver f(r);
-  f.step(0, 4, false);
-  ASSERT_TRUE(r.following());
-  r.waited(2, 2);
-  f.at(K::kRelease, 1, 0, 8);
-  f.at(K::kUnpack, 0, 0, 6);
-  f.at(K::kRelease, 0, 0, 4);
-  r.end_step();
-  r.plan_next({}, 0);
+  planned_step_that_waited(r, 2, 2);
   EXPECT_EQ(1u, r.num_planned_steps());
   EXPECT_EQ(0u, r.plan().must_leave_bytes) << "the copies were late, nothing was missing";
   // Once more, with 1 byte under way for the 3 waited for: 2 were missing.
-  r.begin_step();
-  Driver g(r);
-  g.step(0, 4, false);
-  r.waited(3, 1);
-  g.at(K::kRelease, 1, 0, 8);
-  g.at(K::kUnpack, 0, 0, 6);
-  g.at(K::kRelease, 0, 0, 4);
-  r.end_step();
-  r.plan_next({}, 0);
+  planned_step_that_waited(r, 3, 1);
   EXPECT_EQ(2u, r.plan().must_leave_bytes);
 }
 

@@ -124,6 +124,25 @@ class ReclaimTest : public engine_test::EngineFixture {
     }
   }
 
+  // Starts the engine with two blocks' room (horizon 0, `options` otherwise) and runs a
+  // forward that saves a and b (seeds 1 and 2) and goes on with two more blocks, which send
+  // both to the host: the case goes on with a and b evicted.
+  void start_with_two_evicted(EngineOptions options, Saved* saved) {
+    options.horizon = 0;
+    start(8 * kMiB, options);
+    ASSERT_NE(nullptr, h2d_) << "the engine's H2D stream was not seen being created";
+    engine_->graph_begin();
+    *saved = save_cold(2, 1);
+    void* c = tagged(3);
+    ASSERT_NE(nullptr, c);
+    void* d = tagged(4);
+    ASSERT_NE(nullptr, d);
+    ASSERT_TRUE(engine_->free_tagged(c, stream_).ok);
+    ASSERT_TRUE(engine_->free_tagged(d, stream_).ok);
+    ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+    ASSERT_EQ(8 * kMiB, stats().evicted_bytes) << "a and b";
+  }
+
   cudaStream_t h2d_ = nullptr;
   int h2d_priority_ = 0;
 };
@@ -245,24 +264,11 @@ TEST_F(ReclaimTest, AFetchStillInFlightWhenTheWindowMovesOnIsAVictimOnceItLands)
 // b's (queued after it) by a second; a is freed, then its gate opens while an allocation
 // needs a's memory: it must not wait for b's gate.
 TEST_F(ReclaimTest, ABlockFreedWhileItsFetchIsInFlightIsReusableOnceThatFetchLands) {
-  EngineOptions options;
-  options.horizon = 0;
-  start(8 * kMiB, options);  // two blocks
-  ASSERT_NE(nullptr, h2d_) << "the engine's H2D stream was not seen being created";
-  engine_->graph_begin();
-  const Saved saved = save_cold(2, 1);
+  Saved saved;
+  ASSERT_NO_FATAL_FAILURE(start_with_two_evicted({}, &saved));
   void* a = saved.blocks[0];
   void* b = saved.blocks[1];
   const uint64_t ha = saved.handles[0], hb = saved.handles[1];
-  // The forward goes on: both go to the host.
-  void* c = tagged(3);
-  ASSERT_NE(nullptr, c);
-  void* d = tagged(4);
-  ASSERT_NE(nullptr, d);
-  ASSERT_TRUE(engine_->free_tagged(c, stream_).ok);
-  ASSERT_TRUE(engine_->free_tagged(d, stream_).ok);
-  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
-  ASSERT_EQ(8 * kMiB, stats().evicted_bytes) << "a and b";
   void* e = nullptr;
   {
     StreamGate first, second;  // open, at the latest, when the case leaves this scope
@@ -299,23 +305,12 @@ TEST_F(ReclaimTest, ABlockFreedWhileItsFetchIsInFlightIsReusableOnceThatFetchLan
 // must never wait, synchronized the whole fetch stream to free it.
 TEST_F(ReclaimTest, AReadbackBufferLeftByAFreedBlockIsNotWaitedForByLaterCalls) {
   EngineOptions options;
-  options.horizon = 0;
   options.verify = true;
-  start(8 * kMiB, options);  // two blocks
-  ASSERT_NE(nullptr, h2d_) << "the engine's H2D stream was not seen being created";
-  engine_->graph_begin();
-  const Saved saved = save_cold(2, 1);
+  Saved saved;
+  ASSERT_NO_FATAL_FAILURE(start_with_two_evicted(options, &saved));
   void* a = saved.blocks[0];
   void* b = saved.blocks[1];
   const uint64_t ha = saved.handles[0], hb = saved.handles[1];
-  void* c = tagged(3);
-  ASSERT_NE(nullptr, c);
-  void* d = tagged(4);
-  ASSERT_NE(nullptr, d);
-  ASSERT_TRUE(engine_->free_tagged(c, stream_).ok);
-  ASSERT_TRUE(engine_->free_tagged(d, stream_).ok);
-  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
-  ASSERT_EQ(8 * kMiB, stats().evicted_bytes) << "a and b";
   {
     StreamGate gate;  // opens, at the latest, when the case leaves this scope
     LetGoLater watchdog(gate, pool_test::kHangTimeout);

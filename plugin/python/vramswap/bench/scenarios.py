@@ -230,12 +230,12 @@ def quick_share(sc, workload, reference_peak):
     return shares[-1]
 
 
-def plan(sc, reference_peak, quick=False, quick_at=0.5):
+def plan(sc, reference_peak, quick_at=None):
     """The vramswap runs of a scenario once its no-offload peak is known:
-    [(label, limit, horizon, soft limit or None for the default)]. quick: vramswap only at
-    the share `quick_at` (quick_share()) with horizon 4, and above the peak."""
-    limits = (quick_at,) if quick else sc.limits
-    horizons = (4,) if quick else sc.horizons
+    [(label, limit, horizon, soft limit or None for the default)]. quick_at (--quick, a share
+    from quick_share()): vramswap only at that share with horizon 4, and above the peak."""
+    limits = (quick_at,) if quick_at else sc.limits
+    horizons = (4,) if quick_at else sc.horizons
     runs = []
     for share in limits:
         limit = _granules(share * reference_peak)
@@ -284,7 +284,7 @@ def run_scenario(sc, quick=False, workers=2, record=True, progress=None, timeout
                               + "; ".join(r.get("error") or "" for r in results if r["policy"] == "none"))
     reference = min(r["peak_device_bytes"] for r in done)
     second = [dict(base, policy="vramswap", label=label, limit_bytes=limit, horizon=h, soft_limit=soft)
-              for label, limit, h, soft in plan(sc, reference, quick, quick_share(sc, w, reference) if quick else 0.5)]
+              for label, limit, h, soft in plan(sc, reference, quick_share(sc, w, reference) if quick else None)]
     results += runner.run_many(w, second, workers=workers, timeout_s=timeout_s, on_result=note)
     base_live = runner.live_base_bytes(w)  # a snapshot's carried-in tensors (runner.py)
     facts = {"ops": len(w.ops), "peak_live_bytes": peak_live - base_live, "final_live_bytes": final_live - base_live,
