@@ -358,6 +358,68 @@ def child_main(spec_path):
     return 0
 
 
+# The out-of-memory check: what a program sees when vramswap refuses an allocation.
+OOM_LIMIT = 64 * MIB
+OOM_REQUEST = 256 * MIB
+
+
+def oom_main(out_path, cpu_sim):
+    """Child: vramswap installed with a limit of OOM_LIMIT, a 4 MiB tensor kept, then a
+    request of OOM_REQUEST. Records the exception raised (its type, whether it is
+    torch.cuda.OutOfMemoryError, its message) and whether allocating works again after it."""
+    import torch
+    sys.path.insert(0, str(PLUGIN_PYTHON))
+    import vramswap
+    result = {"status": "error", "limit_bytes": OOM_LIMIT, "request_bytes": OOM_REQUEST}
+    try:
+        if cpu_sim:
+            vramswap.sim.install_cpu(limit=str(OOM_LIMIT))
+            device = torch.device("cpu")
+        else:
+            result["install_backend"] = vramswap.install(limit=str(OOM_LIMIT))
+            device = torch.device("cuda", 0)
+        kept = torch.ones(MIB, device=device)  # 4 MiB of fp32
+        try:
+            torch.empty(OOM_REQUEST, dtype=torch.uint8, device=device)
+            result["message"] = f"no exception: {fmt_bytes(OOM_REQUEST)} allocated under a limit of {fmt_bytes(OOM_LIMIT)}"
+        except Exception as exc:  # what the check is about
+            oom_type = getattr(torch.cuda, "OutOfMemoryError", None)
+            result.update(exception=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                          is_torch_oom=oom_type is not None and isinstance(exc, oom_type),
+                          is_runtime_error=isinstance(exc, RuntimeError),
+                          message=str(exc).strip()[:1500])
+            again = torch.ones(MIB, device=device)
+            result["recovered"] = float((kept + again).sum().item()) == 2.0 * MIB
+            result["num_ooms"] = vramswap.memory_stats().get("num_ooms", 0)
+            result["status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        result["message"] = f"{type(exc).__name__}: {exc}".strip()[:1500]
+        result["traceback"] = traceback.format_exc()[-4000:]
+    Path(out_path).write_text(json.dumps(result))
+    return 0
+
+
+def oom_failures(oom):
+    """What the out-of-memory check's result breaks: an exception other than
+    torch.cuda.OutOfMemoryError on the extension path (and in the CPU-emulation mode), one
+    that is not a RuntimeError on the ctypes path, no exception, or no recovery."""
+    if oom.get("status") in ("skipped", None):
+        return []
+    if oom.get("status") != "ok":
+        return [f"out-of-memory check: {oom.get('status')}: {oom.get('message', '')[:300]}"]
+    failures = []
+    if oom.get("install_backend") == "ctypes":
+        if not oom.get("is_runtime_error"):
+            failures.append(f"out-of-memory check: the ctypes path raised {oom['exception']}, not a RuntimeError")
+    elif not oom.get("is_torch_oom"):
+        failures.append(f"out-of-memory check: raised {oom['exception']}, not torch.cuda.OutOfMemoryError")
+    if not oom.get("recovered"):
+        failures.append("out-of-memory check: allocating after the refused request did not work")
+    if not oom.get("num_ooms"):
+        failures.append("out-of-memory check: vramswap's num_ooms did not count the refusal")
+    return failures
+
+
 def info_main(out_path):
     """Child: what torch sees of the device (the parent itself never initializes CUDA, so
     that no context of its own sits on the card while the modes run)."""
@@ -526,6 +588,20 @@ class Runner:
             return {"status": "error", "message": tail(proc.stderr or proc.stdout)}
         return {"status": "ok", **json.loads(out.read_text())}
 
+    def oom(self):
+        """oom_main in a child: its result, or {"status": ..., "message": ...}."""
+        remaining = self.deadline - time.monotonic()
+        if remaining < 15:
+            return {"status": "skipped", "message": "the time budget was spent"}
+        out = self.tmp / "oom.json"
+        argv = ["--child-oom", str(out)] + (["--cpu-sim"] if self.args.cpu_sim else [])
+        proc, timed_out = self._spawn(argv, min(120, remaining))
+        if timed_out:
+            return {"status": "timeout", "message": "no result after 120 s"}
+        if not out.exists():
+            return {"status": "crashed", "message": tail(proc.stderr or proc.stdout)}
+        return json.loads(out.read_text())
+
     def run(self, mode, cfg, limit_bytes=None):
         remaining = self.deadline - time.monotonic()
         if remaining < 15:
@@ -643,10 +719,23 @@ def markdown(report):
               "vramswap's counters are per timed step. \"identical\": every step's loss and every "
               "gradient bit-identical (sha256) to the torch mode's.", ""]
     lines += copies_markdown(report.get("copies") or {})
+    lines += oom_markdown(report.get("oom") or {})
     lines.append("Checks: all held." if not report["failures"] else "Checks:")
     lines += [f"- FAIL: {f}" for f in report["failures"]]
     lines += [f"- note: {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def oom_markdown(oom):
+    """The out-of-memory check's line."""
+    if oom.get("status") != "ok":
+        return [f"Out-of-memory check: {oom.get('status', 'not run')}: {oom.get('message', '')[:300]}", ""]
+    path = f" (install() path: {oom['install_backend']})" if oom.get("install_backend") else ""
+    return [f"Out-of-memory check{path}: {fmt_bytes(oom['request_bytes'])} asked for under a limit of "
+            f"{fmt_bytes(oom['limit_bytes'])} raised `{oom['exception']}`"
+            f" (torch.cuda.OutOfMemoryError: {'yes' if oom.get('is_torch_oom') else 'no'}); allocating "
+            f"afterwards {'worked' if oom.get('recovered') else '**failed**'}. Message: "
+            f"\"{oom.get('message', '')[:400]}\"".replace("|", "\\|").replace("\n", " "), ""]
 
 
 def copies_markdown(copies):
@@ -795,10 +884,15 @@ def main(argv):
         print(f"{'copies':24s} ...", end="", flush=True)
         copies = runner.copies()
         print(f" {copies['status']}" + (f": {copies.get('message', '')}" if copies["status"] != "ok" else ""))
+        print(f"{'out-of-memory check':24s} ...", end="", flush=True)
+        oom = runner.oom()
+        print(f" {oom['status']}: " + (f"{oom.get('exception')}: {oom.get('message', '')[:300]}"
+                                       if oom["status"] == "ok" else oom.get("message", "")))
 
     failures, notes = evaluate(results, by_mode, args)
     if copies["status"] in ("error", "timeout"):
         failures.append(f"copies: {copies['status']}: {copies.get('message', '')[:300]}")
+    failures += oom_failures(oom)
     ref = by_mode.get("torch", {})
     date = datetime.date.today().isoformat()
     for r in results:  # the digests did their work; the files keep one per mode
@@ -806,7 +900,7 @@ def main(argv):
             digests = json.dumps(r.pop("grad_digests"), sort_keys=True).encode()
             r["grads_digest"] = hashlib.sha256(digests).hexdigest()
     report = {"date": date, "command": command, "device": device, "torch_version": info["torch_version"],
-              "workload": cfg, "num_parameters": ref.get("num_parameters"), "modes": results, "copies": copies,
+              "workload": cfg, "num_parameters": ref.get("num_parameters"), "modes": results, "copies": copies, "oom": oom,
               "failures": failures, "notes": notes, "passed": not failures}
     json_path, md_path = output_paths(args, date, slug)
     json_path.write_text(json.dumps(report, indent=2) + "\n")
@@ -864,4 +958,6 @@ if __name__ == "__main__":
         sys.exit(child_main(sys.argv[2]))
     if len(sys.argv) == 3 and sys.argv[1] == "--child-info":
         sys.exit(info_main(sys.argv[2]))
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "--child-oom":
+        sys.exit(oom_main(sys.argv[2], cpu_sim=sys.argv[3:] == ["--cpu-sim"]))
     sys.exit(main(sys.argv[1:]))

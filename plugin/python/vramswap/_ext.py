@@ -23,6 +23,7 @@ Thread safety: load() and load_cuda() are idempotent and guarded by a lock.
 """
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -101,6 +102,54 @@ def _cuda_flags():
     return [f"-I{cuda_inc}"], ["-lc10_cuda", "-ltorch_cuda"]
 
 
+def loaded_libstdcxx():
+    """The path of the C++ runtime (libstdc++) this process runs with, torch's, or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split(maxsplit=5)[-1].strip()
+                if os.path.basename(path).startswith("libstdc++.so"):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+# Note [One C++ runtime]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# Some toolchains link libstdc++ statically into every shared object they build (a compiler
+# installed beside the system's, configured with -static-libstdc++, so that what it builds
+# runs where its newer libstdc++ does not). An extension built so carries a second C++
+# runtime into a process that already has torch's: locales, streams and exception types
+# from the two mix, and the first message formatted with a number (c10::str, inside
+# TORCH_CHECK) crashed the process on a GPU machine, at vramswap's first out-of-memory.
+# So the link names the libstdc++ that the process runs with, before the compiler's own
+# (whose archive then contributes nothing), and a built extension that still defines the
+# runtime's symbols is refused.
+_RUNTIME_SYMBOL = "_ZNSt6locale7classicEv"  # std::locale::classic(), defined by libstdc++
+
+
+def _own_runtime(path):
+    """Whether the shared object at `path` defines libstdc++'s symbols itself (None when
+    nm cannot tell)."""
+    try:
+        res = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True)
+    except OSError:
+        return None
+    if res.returncode != 0:
+        return None
+    return any(line.split()[-1:] == [_RUNTIME_SYMBOL] for line in res.stdout.splitlines())
+
+
+def cxx_standard(version=None):
+    """The -std flag for compiling against torch `version` (default: the imported torch's):
+    C++17 (what torch 2.x's headers need) up to torch 2.11; C++20 from torch 2.12, whose
+    headers refuse anything older."""
+    m = re.match(r"(\d+)\.(\d+)", version or torch.__version__)
+    major_minor = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    return "-std=c++20" if major_minor >= (2, 12) else "-std=c++17"
+
+
 def build(out_dir=None, kind="cpu"):
     """Compiles the extension (if not cached) and returns its path. `kind`: "cpu"
     (csrc/cpu_sim.cpp) or "cuda" (csrc/cuda_alloc.cpp; raises ExtensionUnavailable when this
@@ -114,8 +163,11 @@ def build(out_dir=None, kind="cpu"):
     else:
         raise ValueError(f"unknown extension kind {kind!r} (accepted: cpu, cuda)")
     src = source.read_bytes()
-    key = hashlib.sha256(src + torch.__version__.encode()
-                         + str(torch._C._GLIBCXX_USE_CXX11_ABI).encode() + salt).hexdigest()[:16]
+    runtime = loaded_libstdcxx()
+    # Keyed by what the build depends on; the runtime's path also retires extensions built
+    # before Note [One C++ runtime].
+    key = hashlib.sha256(src + torch.__version__.encode() + str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()
+                         + salt + str(runtime).encode()).hexdigest()[:16]
     cache = Path(out_dir or os.environ.get("VRAMSWAP_CACHE_DIR")
                  or Path.home() / ".cache" / "vramswap")
     cache.mkdir(parents=True, exist_ok=True)
@@ -123,13 +175,13 @@ def build(out_dir=None, kind="cpu"):
     if out.exists():
         return out
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [os.environ.get("CXX", "g++"), "-std=c++17", "-O2", "-fPIC", "-shared",
+    cmd = [os.environ.get("CXX", "g++"), cxx_standard(), "-O2", "-fPIC", "-shared",
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
     cmd += [f"-I{d}" for d in _include_dirs()] + extra_inc
     cmd += [str(source), "-o", str(tmp)]
     for d in _lib_dirs():
         cmd += [f"-L{d}", f"-Wl,-rpath,{d}"]
-    cmd += ["-lc10", "-ltorch_cpu"] + extra_libs
+    cmd += ([runtime] if runtime else []) + ["-lc10", "-ltorch_cpu"] + extra_libs
     try:
         res = subprocess.run(cmd, capture_output=True, text=True)
     except OSError as e:  # no compiler
@@ -137,6 +189,13 @@ def build(out_dir=None, kind="cpu"):
     if res.returncode != 0:
         raise RuntimeError("building vramswap's torch extension failed:\n"
                            + " ".join(cmd) + "\n" + res.stderr[-4000:])
+    if _own_runtime(tmp):
+        tmp.unlink()
+        raise RuntimeError(
+            f"building vramswap's torch extension failed: {cmd[0]} linked a copy of the C++ runtime "
+            "(libstdc++) into it, which would run beside torch's and crash the process (Note [One C++ "
+            "runtime] in vramswap/_ext.py); set CXX to a compiler that links libstdc++ as a shared "
+            "library")
     os.replace(tmp, out)
     return out
 

@@ -42,6 +42,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -93,9 +94,19 @@ std::string report() {
   std::abort();  // not reached: the checks above throw
 }
 
+// c10::Allocator's interface changed in torch 2.3: allocate() is no longer const, and
+// copy_data() (used by Allocator::clone) is a new pure virtual.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define VRAMSWAP_ALLOCATOR_2_3 1
+#define VRAMSWAP_ALLOCATE_CONST
+#else
+#define VRAMSWAP_ALLOCATOR_2_3 0
+#define VRAMSWAP_ALLOCATE_CONST const
+#endif
+
 // c10::Allocator over vramswap_malloc/vramswap_free on device 0, legacy stream.
 struct VramswapCpuAllocator final : c10::Allocator {
-  c10::DataPtr allocate(size_t nbytes) const override {
+  c10::DataPtr allocate(size_t nbytes) VRAMSWAP_ALLOCATE_CONST override {
     if (nbytes == 0) {  // vramswap_malloc(0) is NULL; c10's alloc_cpu(0) is too
       return {nullptr, nullptr, &vramswap_cpu_delete, c10::Device(c10::DeviceType::CPU)};
     }
@@ -104,6 +115,12 @@ struct VramswapCpuAllocator final : c10::Allocator {
     return {ptr, ptr, &vramswap_cpu_delete, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &vramswap_cpu_delete; }
+#if VRAMSWAP_ALLOCATOR_2_3
+  // The memory is host memory in this mode (cudasim's device memory is the process's).
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    if (count != 0) std::memcpy(dest, src, count);
+  }
+#endif
 };
 
 VramswapCpuAllocator* allocator() {
