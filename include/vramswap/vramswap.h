@@ -152,7 +152,12 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * the next steps back to it for a while), planned_bytes_d2h (bytes the plan's evictions
  * copied out). These
  * are totals over devices (the peaks are sums of each device's peak). Then
- * num_invalid_frees (frees vramswap refused), then "devices": an array with one object per
+ * num_invalid_frees (frees vramswap refused), host_wait_ns (host time the process's threads
+ * spent in vramswap waiting for the device: event, stream and device synchronizations),
+ * host_vmm_ns (host time in CUDA's virtual memory calls: creating, mapping with access,
+ * unmapping and releasing pages; on a GPU each 2 MiB granule given pages or taken them
+ * costs tens of microseconds), host_pin_ns (host time pinning and unpinning host memory),
+ * all process-wide, then "devices": an array with one object per
  * device that has a pool ({"device": ordinal, the same 33 keys, num_free_blocks,
  * va_reserved_bytes}). Thread-safe; a reading taken during allocations on other threads
  * is consistent per device, not across devices. */

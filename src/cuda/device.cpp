@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "cuda/error.h"
+#include "cuda/host_time.h"
 
 namespace vramswap::cuda {
 namespace {
@@ -61,7 +62,11 @@ bool synchronize_device(int ordinal) {
     ContextScope scope(ordinal);
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     cuThreadExchangeStreamCaptureMode(&mode);
-    const CUresult r = cuCtxSynchronize();
+    CUresult r;
+    {
+      TimedCall timed(HostTime::kWait);
+      r = cuCtxSynchronize();
+    }
     cuThreadExchangeStreamCaptureMode(&mode);
     return r == CUDA_SUCCESS;
   } catch (const CudaError&) {

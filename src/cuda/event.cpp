@@ -5,6 +5,7 @@
 
 #include "cuda/device.h"
 #include "cuda/error.h"
+#include "cuda/host_time.h"
 
 namespace vramswap::cuda {
 
@@ -41,7 +42,10 @@ bool Event::query() const {
   return true;
 }
 
-void Event::synchronize() const { VRAMSWAP_CUDART(cudaEventSynchronize(event_)); }
+void Event::synchronize() const {
+  TimedCall timed(HostTime::kWait);
+  VRAMSWAP_CUDART(cudaEventSynchronize(event_));
+}
 
 uint64_t elapsed_ns(const Event& start, const Event& end) {
   float ms = 0;
@@ -50,6 +54,7 @@ uint64_t elapsed_ns(const Event& start, const Event& end) {
 }
 
 void synchronize_events(const std::vector<cudaEvent_t>& events) {
+  TimedCall timed(HostTime::kWait);
   for (cudaEvent_t e : events) cudaEventSynchronize(e);
 }
 

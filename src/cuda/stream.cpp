@@ -5,6 +5,7 @@
 
 #include "cuda/device.h"
 #include "cuda/error.h"
+#include "cuda/host_time.h"
 
 namespace vramswap::cuda {
 
@@ -75,7 +76,11 @@ bool synchronize_stream(cudaStream_t stream) {
   // another thread captures would invalidate that capture.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
-  const cudaError_t status = cudaStreamSynchronize(stream);
+  cudaError_t status;
+  {
+    TimedCall timed(HostTime::kWait);
+    status = cudaStreamSynchronize(stream);
+  }
   cudaThreadExchangeStreamCaptureMode(&mode);
   if (status == cudaSuccess) return true;
   cudaGetLastError();

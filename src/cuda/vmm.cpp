@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "cuda/error.h"
+#include "cuda/host_time.h"
 
 namespace vramswap::cuda {
 
@@ -35,6 +36,7 @@ PhysicalPages::PhysicalPages(int device, uint64_t size) : size_(size), device_(d
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
+  TimedCall timed(HostTime::kVmm);
   VRAMSWAP_CU(cuMemCreate(&handle_, size, &prop, 0));
 }
 PhysicalPages::~PhysicalPages() { reset(); }
@@ -51,17 +53,22 @@ PhysicalPages& PhysicalPages::operator=(PhysicalPages&& o) noexcept {
 }
 void PhysicalPages::release() {
   if (!handle_) return;
+  TimedCall timed(HostTime::kVmm);
   VRAMSWAP_CU(cuMemRelease(handle_));
   handle_ = 0;
   size_ = 0;
 }
 void PhysicalPages::reset() noexcept {
-  if (handle_) cuMemRelease(handle_);
+  if (handle_) {
+    TimedCall timed(HostTime::kVmm);
+    cuMemRelease(handle_);
+  }
   handle_ = 0;
   size_ = 0;
 }
 
 Mapping::Mapping(uintptr_t address, const PhysicalPages& pages) {
+  TimedCall timed(HostTime::kVmm);
   VRAMSWAP_CU(cuMemMap(address, pages.size(), 0, pages.handle(), 0));
   CUmemAccessDesc access = {};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -95,12 +102,16 @@ Mapping& Mapping::operator=(Mapping&& o) noexcept {
 }
 void Mapping::unmap() {
   if (!size_) return;
+  TimedCall timed(HostTime::kVmm);
   VRAMSWAP_CU(cuMemUnmap(address_, size_));
   address_ = 0;
   size_ = 0;
 }
 void Mapping::reset() noexcept {
-  if (size_) cuMemUnmap(address_, size_);
+  if (size_) {
+    TimedCall timed(HostTime::kVmm);
+    cuMemUnmap(address_, size_);
+  }
   address_ = 0;
   size_ = 0;
 }

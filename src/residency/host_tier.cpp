@@ -31,6 +31,7 @@
 #include "config/units.h"
 #include "cuda/device.h"
 #include "cuda/error.h"
+#include "cuda/host_time.h"
 #include "residency/host_memory.h"
 
 namespace vramswap::residency {
@@ -51,6 +52,7 @@ void* pin_chunk(int device, uint64_t bytes, std::string* error) {
   try {
     cuda::ContextScope scope(device);
     void* p = nullptr;
+    cuda::TimedCall timed(cuda::HostTime::kPin);
     VRAMSWAP_CUDART(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
     return p;
   } catch (const cuda::CudaError& e) {
@@ -64,6 +66,7 @@ void* pin_chunk(int device, uint64_t bytes, std::string* error) {
 // is ignored: the runtime may have shut down already (cudaErrorCudartUnloading), and the
 // memory goes back with the process.
 bool release_chunk(void* base) noexcept {
+  cuda::TimedCall timed(cuda::HostTime::kPin);
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (cudaFreeHost(base) == cudaSuccess) return true;
     cudaGetLastError();  // not the program's error

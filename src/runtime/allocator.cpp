@@ -12,6 +12,7 @@
 #include "config/units.h"
 #include "cuda/device.h"
 #include "cuda/error.h"
+#include "cuda/host_time.h"
 #include "cuda/stream.h"
 #include "runtime/stats_document.h"
 #include "stats/log.h"
@@ -407,7 +408,7 @@ std::string Allocator::stats_json() const {
   const int bound = device_bound_.load(std::memory_order_acquire);
   for (int d = 0; d < bound; ++d)
     if (pool::DevicePool* p = pool(d)) devices.push_back({d, p->stats(), engine(d)->stats()});
-  return stats_document(devices, num_invalid_frees_.load(std::memory_order_relaxed));
+  return stats_document(devices, num_invalid_frees_.load(std::memory_order_relaxed), cuda::host_times());
 }
 
 void Allocator::mark_used() {

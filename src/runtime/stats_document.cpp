@@ -68,13 +68,17 @@ void write_counters(stats::JsonWriter& json, DeviceStats d) {
 
 }  // namespace
 
-std::string stats_document(const std::vector<DeviceStats>& devices, uint64_t num_invalid_frees) {
+std::string stats_document(const std::vector<DeviceStats>& devices, uint64_t num_invalid_frees,
+                           const cuda::HostTimes& host_times) {
   DeviceStats total;
   for (const DeviceStats& d : devices) add(total, d);
   stats::JsonWriter json;
   json.begin_object();
   write_counters(json, total);
   json.field("num_invalid_frees", num_invalid_frees);
+  json.field("host_wait_ns", host_times.wait_ns);
+  json.field("host_vmm_ns", host_times.vmm_ns);
+  json.field("host_pin_ns", host_times.pin_ns);
   json.begin_array("devices");
   for (const DeviceStats& d : devices) {
     json.begin_object().field("device", d.device);

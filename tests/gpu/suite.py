@@ -101,7 +101,9 @@ DEFAULT_PERCENTS = {"gpu": "80,60", "cpu_sim": "80,60"}
 VRAMSWAP_COUNTERS = ("num_evictions", "num_prefetches", "num_faults", "num_late_prefetches", "num_clean_reuses",
                      "bytes_evicted_total", "bytes_prefetched_total", "num_ooms",
                      # planned eviction (VRAMSWAP_PLAN): the timed steps repeat the warm-up's
-                     "num_planned_steps", "num_plan_divergences", "num_plan_backoffs", "planned_bytes_d2h")
+                     "num_planned_steps", "num_plan_divergences", "num_plan_backoffs", "planned_bytes_d2h",
+                     # where the host's time went (process-wide): waiting for the device, VMM calls, pinning
+                     "host_wait_ns", "host_vmm_ns", "host_pin_ns")
 PASSED_ENV = ("VRAMSWAP_LIBRARY", "VRAMSWAP_CUDASIM_DIR", "VRAMSWAP_CACHE_DIR",
               "VRAMSWAP_TORCH_EXT", "VRAMSWAP_TORCH_EXT_CUDA", "VRAMSWAP_LOG")
 DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")  # the two settings cuBLAS documents as deterministic
@@ -588,6 +590,23 @@ class Runner:
             return {"status": "error", "message": tail(proc.stderr or proc.stdout)}
         return {"status": "ok", **json.loads(out.read_text())}
 
+    def vmm(self):
+        """tests/gpu/vmm_cost.py in a child: its JSON, or {"status": ..., "message": ...}."""
+        remaining = self.deadline - time.monotonic()
+        if remaining < 15:
+            return {"status": "skipped", "message": "the time budget was spent"}
+        out = self.tmp / "vmm.json"
+        cmd = [sys.executable, str(Path(__file__).resolve().parent / "vmm_cost.py"), "--json", str(out)]
+        if self.args.cpu_sim:
+            cmd += ["--cpu-sim", "--granules", "32"]
+        try:
+            proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=min(120, remaining))
+        except subprocess.TimeoutExpired:
+            return {"status": "timeout", "message": "no result after 120 s"}
+        if proc.returncode != 0 or not out.exists():
+            return {"status": "error", "message": tail(proc.stderr or proc.stdout)}
+        return {"status": "ok", **json.loads(out.read_text())}
+
     def oom(self):
         """oom_main in a child: its result, or {"status": ..., "message": ...}."""
         remaining = self.deadline - time.monotonic()
@@ -688,8 +707,8 @@ def markdown(report):
     lines.append(f"- command: `{report['command']}`")
     lines += ["", "| mode | status | limit | peak allocated | peak reserved | median step | vs torch "
               "| evictions/step | prefetches/step | faults/step | evicted/step | prefetched/step "
-              "| identical to torch |",
-              "| --- " * 13 + "|"]
+              "| host wait/step | VMM calls/step | identical to torch |",
+              "| --- " * 15 + "|"]
     base = next((r.get("median_step_s") for r in report["modes"] if r["mode"] == "torch"), None)
     for r in report["modes"]:
         ok = r["status"] == "ok"
@@ -709,6 +728,7 @@ def markdown(report):
             *(f"{per[k]:g}" if k in per else "-" for k in ("num_evictions", "num_prefetches", "num_faults")),
             *(fmt_bytes(per[k]) if k in per else "-"
               for k in ("bytes_evicted_total", "bytes_prefetched_total")),
+            *(fmt_seconds(per[k] / 1e9) if k in per else "-" for k in ("host_wait_ns", "host_vmm_ns")),
             "(reference)" if r["mode"] == "torch" else ident,
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -716,14 +736,30 @@ def markdown(report):
               "and save_on_cpu, vramswap.memory_stats() for the vramswap modes, where reserved is the "
               "device memory mapped and allocated also counts evicted blocks (they keep their "
               "addresses). Offload limits are a percentage of the vramswap mode's peak reserved bytes; "
-              "vramswap's counters are per timed step. \"identical\": every step's loss and every "
+              "vramswap's counters are per timed step; host wait and VMM calls are the host time "
+              "vramswap's calls spent waiting for the device and in CUDA's virtual memory calls "
+              "(host_wait_ns, host_vmm_ns). \"identical\": every step's loss and every "
               "gradient bit-identical (sha256) to the torch mode's.", ""]
     lines += copies_markdown(report.get("copies") or {})
+    lines += vmm_markdown(report.get("vmm") or {})
     lines += oom_markdown(report.get("oom") or {})
     lines.append("Checks: all held." if not report["failures"] else "Checks:")
     lines += [f"- FAIL: {f}" for f in report["failures"]]
     lines += [f"- note: {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def vmm_markdown(vmm):
+    """The VMM section (tests/gpu/vmm_cost.py): host time per call, as vramswap makes them."""
+    if vmm.get("status") != "ok":
+        return [f"VMM calls: {vmm.get('status', 'not measured')}: {vmm.get('message', '')}", ""]
+    per = {k: vmm[k]["median_us"] for k in ("cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease")}
+    pinned = ", ".join(f"{fmt_bytes(int(n))} {p['alloc_us'] / 1000:.1f} ms"
+                       for n, p in sorted(vmm["pinned"].items(), key=lambda kv: int(kv[0])))
+    return [f"VMM calls (host time, median of {vmm['granules']} granules of {fmt_bytes(vmm['granule_bytes'])}): "
+            + ", ".join(f"{k} {v:.1f} us" for k, v in per.items())
+            + f"; one cuMemSetAccess over all {vmm['granules']} granules {vmm['cuMemSetAccess_range']['median_us'] / 1000:.1f} ms, "
+            f"one cuMemUnmap over them {vmm['cuMemUnmap_range']['median_us'] / 1000:.1f} ms. Pinning (cuMemHostAlloc): {pinned}.", ""]
 
 
 def oom_markdown(oom):
@@ -884,6 +920,9 @@ def main(argv):
         print(f"{'copies':24s} ...", end="", flush=True)
         copies = runner.copies()
         print(f" {copies['status']}" + (f": {copies.get('message', '')}" if copies["status"] != "ok" else ""))
+        print(f"{'VMM calls':24s} ...", end="", flush=True)
+        vmm = runner.vmm()
+        print(f" {vmm['status']}" + (f": {vmm.get('message', '')}" if vmm["status"] != "ok" else ""))
         print(f"{'out-of-memory check':24s} ...", end="", flush=True)
         oom = runner.oom()
         print(f" {oom['status']}: " + (f"{oom.get('exception')}: {oom.get('message', '')[:300]}"
@@ -893,6 +932,8 @@ def main(argv):
     if copies["status"] in ("error", "timeout"):
         failures.append(f"copies: {copies['status']}: {copies.get('message', '')[:300]}")
     failures += oom_failures(oom)
+    if vmm["status"] in ("error", "timeout"):
+        failures.append(f"VMM calls: {vmm['status']}: {vmm.get('message', '')[:300]}")
     ref = by_mode.get("torch", {})
     date = datetime.date.today().isoformat()
     for r in results:  # the digests did their work; the files keep one per mode
@@ -900,7 +941,7 @@ def main(argv):
             digests = json.dumps(r.pop("grad_digests"), sort_keys=True).encode()
             r["grads_digest"] = hashlib.sha256(digests).hexdigest()
     report = {"date": date, "command": command, "device": device, "torch_version": info["torch_version"],
-              "workload": cfg, "num_parameters": ref.get("num_parameters"), "modes": results, "copies": copies, "oom": oom,
+              "workload": cfg, "num_parameters": ref.get("num_parameters"), "modes": results, "copies": copies, "vmm": vmm, "oom": oom,
               "failures": failures, "notes": notes, "passed": not failures}
     json_path, md_path = output_paths(args, date, slug)
     json_path.write_text(json.dumps(report, indent=2) + "\n")

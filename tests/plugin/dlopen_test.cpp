@@ -429,17 +429,24 @@ std::vector<std::string> json_total_keys(const std::string& json) {
   return keys;
 }
 
+// The statistics that are the process's, not a device's: they come once, after the totals.
+bool is_process_wide(std::string_view key) {
+  return key == "num_invalid_frees" || key == "host_wait_ns" || key == "host_vmm_ns" || key == "host_pin_ns";
+}
+
 // vramswap.h's list of the statistics keys is the document's, in its order: a counter added
 // to one is added to the other.
 TEST_F(Plugin, StatsKeysAreTheOnesTheHeaderLists) {
   const std::vector<std::string> documented = documented_stats_keys();
   ASSERT_FALSE(documented.empty()) << "no key list found in " << VRAMSWAP_HEADER_PATH;
   EXPECT_EQ(json_total_keys(stats()), documented);
-  // Each device's object repeats them but num_invalid_frees (the allocator's own), and says so.
+  // Each device's object repeats them but the process-wide ones, and says so.
   std::ifstream in(VRAMSWAP_HEADER_PATH);
   std::stringstream text;
   text << in.rdbuf();
-  const std::string same = "the same " + std::to_string(documented.size() - 1) + " keys";
+  const size_t per_device = std::count_if(documented.begin(), documented.end(),
+                                          [](const std::string& k) { return !is_process_wide(k); });
+  const std::string same = "the same " + std::to_string(per_device) + " keys";
   EXPECT_NE(text.str().find(same), std::string::npos) << "vramswap.h should say \"" << same << "\"";
 }
 
@@ -829,7 +836,10 @@ TEST_F(Plugin, StatsJsonHasTheEngineKeysInTotalsAndPerDevice) {
                         "num_plan_divergences",
                         "num_plan_backoffs",
                         "planned_bytes_d2h",
-                        "num_invalid_frees"};
+                        "num_invalid_frees",
+                        "host_wait_ns",
+                        "host_vmm_ns",
+                        "host_pin_ns"};
   const size_t devices = json.find("\"devices\":[");
   ASSERT_NE(devices, std::string::npos) << json;
   const std::string device0 = json.substr(devices);
@@ -841,7 +851,7 @@ TEST_F(Plugin, StatsJsonHasTheEngineKeysInTotalsAndPerDevice) {
     EXPECT_LT(at, devices) << k << " is a total";
     EXPECT_GE(at, previous) << k << " is out of order";
     previous = at;
-    if (std::string_view(k) == "num_invalid_frees") continue;  // process-wide only
+    if (is_process_wide(k)) continue;
     const size_t in_device = device0.find(needle);
     EXPECT_NE(in_device, std::string::npos) << k << " per device: " << device0;
     EXPECT_GE(in_device, previous_in_device) << k << " is out of order per device";
@@ -1038,6 +1048,29 @@ TEST_F(PluginOffload, ForwardBackwardUnderTheLimitRestoresEveryByte) {
   EXPECT_GT(number(json, "num_prefetches").value_or(0), 0u) << json;
   EXPECT_GT(number(json, "bytes_prefetched_total").value_or(0), 0u) << json;
   EXPECT_LE(number(json, "peak_resident_bytes").value_or(UINT64_MAX), limit_) << json;
+  expect_nothing_tagged_left();
+}
+
+// Where a slow step's host time went: waiting for the device, CUDA's VMM calls, pinning.
+// An allocation past the limit unmaps the pages of the evictions that make room and maps
+// its own, and the host tier pins memory for the copies.
+TEST_F(PluginOffload, HostTimeInLongCudaCallsIsCounted) {
+  const std::string before = stats();
+  const size_t n = 2 * limit_ / kBlock;
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  std::vector<std::vector<unsigned char>> patterns;
+  ASSERT_NO_FATAL_FAILURE(forward(n, &blocks, &handles, &patterns));
+  const std::string after = stats();
+  for (const char* key : {"host_vmm_ns", "host_pin_ns"}) {
+    ASSERT_TRUE(number(before, key).has_value()) << key << " in " << before;
+    EXPECT_GT(number(after, key).value_or(0), *number(before, key)) << key << ": " << after;
+  }
+  // Whether an allocation had to wait depends on whether its evictions had landed
+  // (Promises.WaitingForTheDeviceIsCountedAsHostWaitTime holds the device to see it).
+  ASSERT_TRUE(number(before, "host_wait_ns").has_value()) << before;
+  EXPECT_GE(number(after, "host_wait_ns").value_or(0), *number(before, "host_wait_ns")) << after;
+  ASSERT_NO_FATAL_FAILURE(backward(blocks, handles, patterns));
   expect_nothing_tagged_left();
 }
 

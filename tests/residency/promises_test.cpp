@@ -10,12 +10,36 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/event.h"
+#include "cuda/host_time.h"
 #include "engine_test_util.h"
 
 namespace engine_test {
 namespace {
 
 using Promises = EngineFixture;
+
+// The statistics' host_wait_ns (cuda/host_time.h): a thread that waits for the device in
+// vramswap has that time counted (and no more than the call took).
+TEST_F(Promises, WaitingForTheDeviceIsCountedAsHostWaitTime) {
+  start(64 * kMiB);
+  cuda_test::StreamGate gate(std::chrono::seconds(30));
+  ASSERT_CUDA_OK(gate.hold(stream_));
+  vramswap::cuda::Event done = vramswap::cuda::Event::create();
+  done.record(stream_);
+  const uint64_t before = vramswap::cuda::host_times().wait_ns;
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    gate.open();
+  });
+  const auto called = std::chrono::steady_clock::now();
+  done.synchronize();  // returns only once the gate is open
+  const auto call = std::chrono::steady_clock::now() - called;
+  opener.join();
+  const uint64_t counted = vramswap::cuda::host_times().wait_ns - before;
+  EXPECT_GT(counted, 0u);
+  EXPECT_LE(counted, uint64_t(std::chrono::nanoseconds(call).count()));
+}
 
 // vramswap.h: after unpack(h, s) the block's contents are valid for all work queued on s.
 // A block marked cold on one stream and unpacked on another without ever leaving the

@@ -1,0 +1,32 @@
+// Host time in long CUDA calls. See host_time.h.
+#include "cuda/host_time.h"
+
+#include <atomic>
+#include <chrono>
+
+namespace vramswap::cuda {
+namespace {
+
+std::atomic<uint64_t> g_sums[3];
+
+uint64_t now_ns() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count());
+}
+
+}  // namespace
+
+HostTimes host_times() {
+  HostTimes t;
+  t.wait_ns = g_sums[int(HostTime::kWait)].load(std::memory_order_relaxed);
+  t.vmm_ns = g_sums[int(HostTime::kVmm)].load(std::memory_order_relaxed);
+  t.pin_ns = g_sums[int(HostTime::kPin)].load(std::memory_order_relaxed);
+  return t;
+}
+
+TimedCall::TimedCall(HostTime what) : what_(what), start_ns_(now_ns()) {}
+
+TimedCall::~TimedCall() { g_sums[int(what_)].fetch_add(now_ns() - start_ns_, std::memory_order_relaxed); }
+
+}  // namespace vramswap::cuda

@@ -1,0 +1,43 @@
+// Host time spent in the CUDA calls that can take long, counted process-wide: the calling
+// thread waiting for the device (event, stream and context synchronizations), the virtual
+// memory calls that give pages to addresses and take them away (cuMemCreate, cuMemMap with
+// its cuMemSetAccess, cuMemUnmap, cuMemRelease), and pinning or unpinning host memory.
+//
+// On a GPU these are where a step's time goes beyond the copies themselves: measured on an
+// H100 (tests/gpu/vmm_cost.py, bench/results/vmm-2026-11-26-h100.json), giving one 2 MiB
+// granule its pages and access costs ~40-60 us and taking them away ~25-45 us, on the
+// calling thread, and pinning costs ~0.6 ms per MiB. They are reported in the statistics
+// (host_wait_ns, host_vmm_ns, host_pin_ns), so that a slow step can be read.
+//
+// Thread-safe: relaxed atomic sums; a reading is a snapshot of each.
+#pragma once
+
+#include <cstdint>
+
+namespace vramswap::cuda {
+
+enum class HostTime { kWait, kVmm, kPin };
+
+struct HostTimes {
+  uint64_t wait_ns = 0;
+  uint64_t vmm_ns = 0;
+  uint64_t pin_ns = 0;
+};
+
+// The sums so far.
+HostTimes host_times();
+
+// Adds the time from its construction to its destruction to one of the sums.
+class TimedCall {
+ public:
+  explicit TimedCall(HostTime what);
+  ~TimedCall();
+  TimedCall(const TimedCall&) = delete;
+  TimedCall& operator=(const TimedCall&) = delete;
+
+ private:
+  HostTime what_;
+  uint64_t start_ns_;
+};
+
+}  // namespace vramswap::cuda
