@@ -102,9 +102,13 @@ constexpr KeySpec kKeys[] = {
         "VRAMSWAP_MIN_OFFLOAD_BYTES", kAtOnce, "64KiB", "",
         "Allocations at least this large made inside an offload scope are tagged (offloadable: under "
         "pressure they are placed so that evicting them frees pages; below half a page, tagged blocks saved one "
-        "after another share pages); smaller ones stay in the ordinary pool. 64KiB takes the saved tensors of "
-        "small models (a 4-layer GPT at batch 16 saves 64-512 KiB tensors) and leaves out the smallest "
-        "(normalization statistics, masks), whose copies would cost more per copy than in transfer time."),
+        "after another share pages); smaller ones stay in the ordinary pool. Measured on an H100 (tests/gpu/"
+        "copy_cost.py), a pinned copy costs a fixed 3-4 us plus its bytes at 56-64 GB/s: copies of 4 KiB to "
+        "64 KiB all take 3-5 us, so below 64KiB a block moves fewer bytes for the same time; above it the "
+        "time grows with the bytes, reaching twice the fixed cost at 150-230 KiB. 64KiB keeps the saved tensors "
+        "of small models offloadable (a 4-layer GPT at batch 16 saves 64-512 KiB tensors; a higher default "
+        "would leave them on the device) at up to ~3x a large copy's cost per byte, and leaves out the "
+        "smallest (normalization statistics, masks). Raise it where the copy engines, not memory, limit."),
     key<KeyType::kCount, &Config::horizon>(
         "VRAMSWAP_HORIZON", kAtCreation, "4", "0..1024",
         "How many of the blocks backward needs next are prefetched ahead of it and evicted only when nothing else can be; 0: no "

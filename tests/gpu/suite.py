@@ -756,10 +756,21 @@ def vmm_markdown(vmm):
     per = {k: vmm[k]["median_us"] for k in ("cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease")}
     pinned = ", ".join(f"{fmt_bytes(int(n))} {p['alloc_us'] / 1000:.1f} ms"
                        for n, p in sorted(vmm["pinned"].items(), key=lambda kv: int(kv[0])))
-    return [f"VMM calls (host time, median of {vmm['granules']} granules of {fmt_bytes(vmm['granule_bytes'])}): "
+    lines = [f"VMM calls (host time, median of {vmm['granules']} granules of {fmt_bytes(vmm['granule_bytes'])}): "
             + ", ".join(f"{k} {v:.1f} us" for k, v in per.items())
             + f"; one cuMemSetAccess over all {vmm['granules']} granules {vmm['cuMemSetAccess_range']['median_us'] / 1000:.1f} ms, "
             f"one cuMemUnmap over them {vmm['cuMemUnmap_range']['median_us'] / 1000:.1f} ms. Pinning (cuMemHostAlloc): {pinned}.", ""]
+    by_size = vmm.get("one_handle_by_granules") or {}
+    if by_size:
+        lines += ["One handle per block (map + access + unmap, host time): "
+                  + ", ".join(f"{n} granule{'s' if n != '1' else ''} {t['map'] + t['access'] + t['unmap']:.1f} us"
+                              for n, t in by_size.items()) + ".", ""]
+    busy = vmm.get("busy") or {}
+    if busy:
+        lines += [f"Per granule while the device is busy{'' if busy.get('device_still_busy') else ' (it finished during the calls)'}: "
+                  + ", ".join(f"{k} {busy[k]['median_us']:.1f} us" for k in ("cuMemMap", "cuMemSetAccess", "cuMemUnmap"))
+                  + " (median).", ""]
+    return lines
 
 
 def oom_markdown(oom):

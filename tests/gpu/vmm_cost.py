@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """What CUDA's virtual memory management calls and pinned host allocation cost on this
 machine: host time per call, as vramswap makes them (one 2 MiB granule of physical pages
-per cuMemCreate, mapped and given access one granule at a time), and batched (one
-cuMemSetAccess / cuMemUnmap over many granules, one cuMemCreate of many granules).
+per cuMemCreate, mapped and given access one granule at a time), batched (one
+cuMemSetAccess / cuMemUnmap over many granules, one cuMemCreate of many granules), with one
+handle per block by block size (does a call cost per call or per granule?), and the
+per-granule calls again while the device is busy with queued work.
 
 vramswap maps and unmaps granules whenever a block is evicted or fetched, so these costs
 sit on the paths the copies' rate does not cover; cudasim models them from these figures.
@@ -61,6 +63,11 @@ class Driver:
         rc = getattr(self.lib, name)(*args)
         if rc != 0:
             raise RuntimeError(f"{name} failed with CUDA error {rc}")
+
+    def try_call(self, name, *args):
+        """True when the call exists and succeeds (cudasim implements a subset)."""
+        fn = getattr(self.lib, name, None)
+        return fn is not None and fn(*args) == 0
 
 
 def timed(fn, n):
@@ -124,8 +131,48 @@ def measure(cu, granules):
                                                           ctypes.byref(prop), u64(0)), 1))
     res["cuMemMap_range"] = summary(timed(lambda i: cu("cuMemMap", base, ctypes.c_size_t(total), ctypes.c_size_t(0),
                                                        big, u64(0)), 1))
-    cu("cuMemUnmap", base, ctypes.c_size_t(total))
+    res["cuMemSetAccess_one_handle"] = summary(timed(lambda i: cu("cuMemSetAccess", base, ctypes.c_size_t(total),
+                                                                  ctypes.byref(access), ctypes.c_size_t(1)), 1))
+    res["cuMemUnmap_one_handle"] = summary(timed(lambda i: cu("cuMemUnmap", base, ctypes.c_size_t(total)), 1))
     cu("cuMemRelease", big)
+    # One handle per block, by block size: does a call cost per call or per granule?
+    by_size = {}
+    for n in sorted({1, 4, 16, 64, granules} & set(range(1, granules + 1))):
+        nbytes = ctypes.c_size_t(n * g)
+        h = u64(0)
+        t = {}
+        t["create"] = timed(lambda i: cu("cuMemCreate", ctypes.byref(h), nbytes, ctypes.byref(prop), u64(0)), 1)[0]
+        t["map"] = timed(lambda i: cu("cuMemMap", base, nbytes, ctypes.c_size_t(0), h, u64(0)), 1)[0]
+        t["access"] = timed(lambda i: cu("cuMemSetAccess", base, nbytes, ctypes.byref(access), ctypes.c_size_t(1)), 1)[0]
+        t["unmap"] = timed(lambda i: cu("cuMemUnmap", base, nbytes), 1)[0]
+        t["release"] = timed(lambda i: cu("cuMemRelease", h), 1)[0]
+        by_size[str(n)] = {k: round(v, 2) for k, v in t.items()}
+    res["one_handle_by_granules"] = by_size
+    # The per-granule calls again while the device is busy (a queue of memsets over a
+    # scratch buffer), as during a training step.
+    busy = {}
+    scratch_bytes = 1 << 30
+    scratch = u64(0)
+    stream = ctypes.c_void_p()
+    if cu.try_call("cuMemAlloc_v2", ctypes.byref(scratch), ctypes.c_size_t(scratch_bytes)) and \
+            cu.try_call("cuStreamCreate", ctypes.byref(stream), 1):
+        for _ in range(200):  # ~0.4 ms each at 3 TB/s: ~80 ms of device work queued
+            cu("cuMemsetD8Async", scratch, ctypes.c_ubyte(1), ctypes.c_size_t(scratch_bytes), stream)
+        hs = [u64(0) for _ in range(min(granules, 64))]
+        n = len(hs)
+        for i in range(n):
+            cu("cuMemCreate", ctypes.byref(hs[i]), size, ctypes.byref(prop), u64(0))
+        busy["cuMemMap"] = summary(timed(lambda i: cu("cuMemMap", addr(i), size, ctypes.c_size_t(0), hs[i], u64(0)), n))
+        busy["cuMemSetAccess"] = summary(timed(lambda i: cu("cuMemSetAccess", addr(i), size, ctypes.byref(access),
+                                                            ctypes.c_size_t(1)), n))
+        busy["cuMemUnmap"] = summary(timed(lambda i: cu("cuMemUnmap", addr(i), size), n))
+        busy["device_still_busy"] = cu.lib.cuStreamQuery(stream) != 0
+        for i in range(n):
+            cu("cuMemRelease", hs[i])
+        cu("cuStreamSynchronize", stream)
+        cu("cuStreamDestroy_v2", stream)
+        cu("cuMemFree_v2", scratch)
+    res["busy"] = busy
     cu("cuMemAddressFree", base, ctypes.c_size_t(total))
     # Pinned host memory, as the host tier takes it.
     pinned = {}
@@ -146,6 +193,14 @@ def report(res):
         lines.append(f"  {key:16s} median {s['median_us']:9.2f} us  mean {s['mean_us']:9.2f} us  max {s['max_us']:9.2f} us")
     for key in ("cuMemCreate_range", "cuMemMap_range", "cuMemSetAccess_range", "cuMemUnmap_range"):
         lines.append(f"  {key:22s} one call over all granules: {res[key]['median_us']:10.2f} us")
+    for key in ("cuMemSetAccess_one_handle", "cuMemUnmap_one_handle"):
+        lines.append(f"  {key:22s} one call, one handle of all granules: {res[key]['median_us']:10.2f} us")
+    for n, t in res["one_handle_by_granules"].items():
+        lines.append(f"  one handle of {n:>4s} granules: " + ", ".join(f"{k} {v:.1f} us" for k, v in t.items()))
+    if res["busy"]:
+        lines.append("  while the device is busy" + ("" if res["busy"]["device_still_busy"] else " (it was done by the end)")
+                     + ": " + ", ".join(f"{k} median {res['busy'][k]['median_us']:.1f} us"
+                                        for k in ("cuMemMap", "cuMemSetAccess", "cuMemUnmap")))
     for nbytes, p in res["pinned"].items():
         lines.append(f"  cuMemHostAlloc {int(nbytes) // MIB} MiB: {p['alloc_us']} us, cuMemFreeHost {p['free_us']} us")
     return "\n".join(lines)
