@@ -5,6 +5,7 @@
 //                        again under CUDASIM_CHAOS=7, where every time must be the same
 //   VirtualTimeShared    the same with CUDASIM_PCIE_DUPLEX=shared
 //   VirtualTimeUnbacked  CUDASIM_UNBACKED=1 on an 80 GiB card, default rates (55 GB/s)
+//   VirtualTimeHostCosts CUDASIM_HOST_COSTS=h100,unmap=30
 //   RealTime             the default environment
 //   RealTimeTimeline     CUDASIM_TIMELINE=1
 //   VirtualTimeSettingsDeathTest  bad values (each sets its variable in the child)
@@ -472,6 +473,67 @@ class VirtualTimeShared : public VirtualTime {
   }
 };
 
+// CUDASIM_HOST_COSTS=h100,unmap=30 (env.h): VMM calls and pinning move the host clock by
+// H100's measured costs, per call or per mapping covered, and a named figure replaces
+// h100's; work queued afterwards starts no earlier.
+class VirtualTimeHostCosts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cudasim_virtual_time() || !env_is("CUDASIM_HOST_COSTS", "h100,unmap=30"))
+      GTEST_SKIP() << "needs CUDASIM_TIME=virtual CUDASIM_HOST_COSTS=h100,unmap=30 (ctest sets them)";
+    ASSERT_CUDA_OK(cudaSetDevice(0));
+    ASSERT_CUDA_OK(cudaFree(nullptr));
+  }
+};
+
+TEST_F(VirtualTimeHostCosts, VmmCallsAndPinningTakeHostTime) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  constexpr size_t kGranule = 2 * kMiB;
+  CUdeviceptr base = 0;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAddressReserve(&base, 2 * kGranule, 0, 0, 0));
+  CUmemGenericAllocationHandle h[2] = {0, 0};
+  uint64_t t = cudasim_now_ns();
+  auto took = [&t] {
+    const uint64_t now = cudasim_now_ns();
+    const uint64_t d = now - t;
+    t = now;
+    return d;
+  };
+  for (auto& handle : h) ASSERT_EQ(CUDA_SUCCESS, cuMemCreate(&handle, kGranule, &prop, 0));
+  EXPECT_EQ(took(), 2 * 15000u) << "cuMemCreate: 15 us a call";
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(CUDA_SUCCESS, cuMemMap(base + i * kGranule, kGranule, 0, h[i], 0));
+  EXPECT_EQ(took(), 2 * 4000u) << "cuMemMap: 4 us a call";
+  CUmemAccessDesc access = {};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  ASSERT_EQ(CUDA_SUCCESS, cuMemSetAccess(base, 2 * kGranule, &access, 1));
+  EXPECT_EQ(took(), 2 * 35000u) << "cuMemSetAccess: 35 us per mapping, in one call as in two";
+  ASSERT_EQ(CUDA_SUCCESS, cuMemUnmap(base, 2 * kGranule));
+  EXPECT_EQ(took(), 2 * 30000u) << "cuMemUnmap: unmap=30 replaces h100's 24 us per mapping";
+  for (auto handle : h) ASSERT_EQ(CUDA_SUCCESS, cuMemRelease(handle));
+  EXPECT_EQ(took(), 2 * 18000u) << "cuMemRelease: 18 us a call";
+  ASSERT_EQ(CUDA_SUCCESS, cuMemAddressFree(base, 2 * kGranule));
+  EXPECT_EQ(took(), 0u) << "address reservations cost nothing";
+  void* pinned = nullptr;
+  ASSERT_CUDA_OK(cudaHostAlloc(&pinned, 4 * kMiB, cudaHostAllocDefault));
+  EXPECT_EQ(took(), 4 * 650000u) << "pinning: 650 us per MiB";
+  ASSERT_CUDA_OK(cudaFreeHost(pinned));
+  EXPECT_GE(took(), 4 * 130000u) << "unpinning: 130 us per MiB (after the device synchronization it makes)";
+
+  // Work queued after the host's time starts no earlier than the host clock.
+  Stream s(cudaStreamNonBlocking);
+  ASSERT_CUDA_OK(cudaStreamSynchronize(s));
+  const uint64_t before = cudasim_now_ns();
+  ASSERT_CUDA_OK(cudaHostAlloc(&pinned, kMiB, cudaHostAllocDefault));
+  ASSERT_EQ(cudaSuccess, cudasim_kernel(s, 1000, "after pinning"));
+  ASSERT_CUDA_OK(cudaStreamSynchronize(s));
+  EXPECT_EQ(cudasim_now_ns(), before + 650000u + 1000u);
+  ASSERT_CUDA_OK(cudaFreeHost(pinned));
+}
+
 TEST_F(VirtualTimeShared, HostToDeviceAndDeviceToHostTakeTurns) {
   ASSERT_NO_FATAL_FAILURE(copy_both_ways_at_once());
   const auto in = only(kH2D), out = only(kD2H);
@@ -717,7 +779,11 @@ INSTANTIATE_TEST_SUITE_P(
                       BadSetting{"CUDASIM_PCIE_DUPLEX", "half",
                                  "CUDASIM_PCIE_DUPLEX='half' is not valid; accepted: full or shared"},
                       BadSetting{"CUDASIM_UNBACKED", "yes", "CUDASIM_UNBACKED='yes' is not valid; accepted: 0 or 1"},
-                      BadSetting{"CUDASIM_TIMELINE", "2", "CUDASIM_TIMELINE='2' is not valid; accepted: 0 or 1"}),
+                      BadSetting{"CUDASIM_TIMELINE", "2", "CUDASIM_TIMELINE='2' is not valid; accepted: 0 or 1"},
+                      BadSetting{"CUDASIM_HOST_COSTS", "a100",
+                                 "CUDASIM_HOST_COSTS='a100' is not valid; accepted: none, h100, or either followed"},
+                      BadSetting{"CUDASIM_HOST_COSTS", "h100,map=fast", "CUDASIM_HOST_COSTS='h100,map=fast' is not valid"},
+                      BadSetting{"CUDASIM_HOST_COSTS", "h100,remap=3", "CUDASIM_HOST_COSTS='h100,remap=3' is not valid"}),
     [](const ::testing::TestParamInfo<BadSetting>& info) {
       return std::string(info.param.name + std::strlen("CUDASIM_")) + "_" + std::to_string(info.index);
     });

@@ -26,6 +26,7 @@
 #include "address_space.h"
 #include "api.h"
 #include "config/units.h"
+#include "virtual_time.h"
 
 namespace cudasim {
 namespace {
@@ -320,6 +321,7 @@ CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
     as.regions[r.base] = r;
   }
   pinned_host_bytes().fetch_add(bytes);
+  charge_host(settings().host_costs.host_alloc_ns_per_mib * bytes / (1u << 20));
   *pp = p;
   call.note("%zu bytes -> %p", bytes, p);
   return call.ret(CUDA_SUCCESS);
@@ -352,6 +354,7 @@ CUresult cuMemFreeHost(void* p) {
   }
   ::munmap(p, map_size);
   pinned_host_bytes().fetch_sub(size);
+  charge_host(settings().host_costs.host_free_ns_per_mib * size / (1u << 20));
   return call.ret(CUDA_SUCCESS);
 }
 

@@ -25,6 +25,7 @@
 #include "address_space.h"
 #include "api.h"
 #include "config/units.h"
+#include "virtual_time.h"
 
 namespace cudasim {
 namespace {
@@ -184,6 +185,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
   drv->physical[a.id] = a;
   *handle = a.id;
   call.note("%zu bytes -> handle 0x%llx", size, (unsigned long long)a.id);
+  charge_host(settings().host_costs.mem_create_ns);
   return call.ret(CUDA_SUCCESS);
 }
 
@@ -197,6 +199,7 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   if (it == drv->physical.end() || it->second.handle_refs == 0) return call.ret(CUDA_ERROR_INVALID_VALUE);
   --it->second.handle_refs;
   maybe_free(drv, it);
+  charge_host(settings().host_costs.mem_release_ns);
   return call.ret(CUDA_SUCCESS);
 }
 
@@ -269,6 +272,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
   r->mappings[uintptr_t(ptr)] = m;
   ++a.mappings;
   dev->counters().mapped_bytes.fetch_add(size);
+  charge_host(settings().host_costs.mem_map_ns);
   return call.ret(CUDA_SUCCESS);
 }
 
@@ -295,6 +299,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     maybe_free(drv, it);
     r->mappings.erase(t);
   }
+  charge_host(settings().host_costs.mem_unmap_ns * tiles.size());
   return call.ret(CUDA_SUCCESS);
 }
 
@@ -325,6 +330,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
       if (desc[i].location.id == t->second.device) t->second.access = desc[i].flags;
     ::mprotect(reinterpret_cast<void*>(t->first), t->second.size, prot_of(t->second.access));
   }
+  charge_host(settings().host_costs.mem_set_access_ns * tiles.size());
   return call.ret(CUDA_SUCCESS);
 }
 

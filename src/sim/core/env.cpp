@@ -62,6 +62,41 @@ bool parse_switch(const char* name, const char* v) {
   return false;
 }
 
+// CUDASIM_HOST_COSTS: "h100", "none", or either followed by name=us items (env.h).
+bool parse_host_costs(const char* text, HostCosts* out) {
+  HostCosts c;  // none's
+  std::string_view rest(text);
+  bool first = true;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    if (first && (item == "h100" || item == "none")) {
+      if (item == "h100") c = kH100HostCosts;
+      first = false;
+      continue;
+    }
+    first = false;
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos) return false;
+    const std::string_view name = item.substr(0, eq);
+    const std::string number(item.substr(eq + 1));
+    auto us = parse_uint(number.c_str());
+    if (!us || *us > 1000000000ull) return false;
+    const uint64_t ns = *us * 1000;
+    if (name == "create") c.mem_create_ns = ns;
+    else if (name == "map") c.mem_map_ns = ns;
+    else if (name == "access") c.mem_set_access_ns = ns;
+    else if (name == "unmap") c.mem_unmap_ns = ns;
+    else if (name == "release") c.mem_release_ns = ns;
+    else if (name == "pin") c.host_alloc_ns_per_mib = ns;
+    else if (name == "unpin") c.host_free_ns_per_mib = ns;
+    else return false;
+  }
+  *out = c;
+  return true;
+}
+
 Settings read_settings() {
   Settings s;
   if (const char* v = std::getenv("CUDASIM_DEVICE_MEMORY")) {
@@ -104,6 +139,13 @@ Settings read_settings() {
   }
   if (const char* v = std::getenv("CUDASIM_UNBACKED"); v && *v) s.unbacked = parse_switch("CUDASIM_UNBACKED", v);
   if (const char* v = std::getenv("CUDASIM_TIMELINE"); v && *v) s.timeline = parse_switch("CUDASIM_TIMELINE", v);
+  if (const char* v = std::getenv("CUDASIM_HOST_COSTS"); v && *v) {
+    if (!parse_host_costs(v, &s.host_costs))
+      bad_setting("CUDASIM_HOST_COSTS", v,
+                  "none, h100, or either followed by a comma-separated list of name=microseconds "
+                  "(create, map, access, unmap, release: per call or mapping; pin, unpin: per MiB), "
+                  "e.g. none,pin=650 or h100,access=0");
+  }
   if (const char* v = std::getenv("CUDASIM_FAIL"); v && *v) {
     std::string why;
     if (!check_fail_spec(v, &why)) bad_setting("CUDASIM_FAIL", v, why, kFailSpecAccepted);

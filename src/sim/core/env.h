@@ -11,6 +11,33 @@
 
 namespace cudasim {
 
+// Host time of the driver calls that take long on a real GPU, charged to the virtual host
+// clock (virtual time only; virtual_time.h). CUDASIM_HOST_COSTS=none (the default): every
+// call is free. h100: the figures measured on an NVIDIA H100 80GB HBM3, driver 580.159.04,
+// idle device, by
+// tests/gpu/vmm_cost.py (bench/results/vmm-2026-11-26-h100.json and the run beside
+// bench/results/gpu-2026-11-26-h100-host-time.md), rounded: per call cuMemCreate 15 us,
+// cuMemMap 4 us, cuMemRelease 18 us; per mapping a call covers, cuMemSetAccess 35 us and
+// cuMemUnmap 24 us (one call over N separately created granules costs N times one);
+// pinning 650 us and unpinning 130 us per MiB (cuMemHostAlloc / cuMemFreeHost). On a busy
+// device the VMM calls took 4-6x longer (README, Results): these are lower bounds. Either
+// may be followed by name=microseconds items that change one figure (env.cpp).
+// Not the default yet: vramswap's pool maps and unmaps far more granules under pressure
+// than its evictions move (README, Results), and the benchmark's figures are quoted
+// without host costs until that is fixed; `CUDASIM_HOST_COSTS=h100 vramswap bench` shows it.
+struct HostCosts {
+  uint64_t mem_create_ns = 0;
+  uint64_t mem_map_ns = 0;
+  uint64_t mem_set_access_ns = 0;  // per mapping
+  uint64_t mem_unmap_ns = 0;       // per mapping
+  uint64_t mem_release_ns = 0;
+  uint64_t host_alloc_ns_per_mib = 0;
+  uint64_t host_free_ns_per_mib = 0;
+};
+
+// The figures of CUDASIM_HOST_COSTS=h100.
+constexpr HostCosts kH100HostCosts{15000, 4000, 35000, 24000, 18000, 650000, 130000};
+
 struct Settings {
   uint64_t device_memory = 8ull << 30;  // CUDASIM_DEVICE_MEMORY: a size a laptop can emulate lazily
   int device_count = 1;                 // CUDASIM_DEVICE_COUNT: 1..16
@@ -24,6 +51,7 @@ struct Settings {
   double hbm_gbps = 2000;               // CUDASIM_HBM_GBPS: d2d copies and memsets; an HBM3 card's order
   bool unbacked = false;                // CUDASIM_UNBACKED=1: copies and memsets time but touch no data
   bool timeline = false;                // CUDASIM_TIMELINE=1: record the timeline in real-time mode too
+  HostCosts host_costs;                 // CUDASIM_HOST_COSTS=none|h100[,name=us...]: slow calls' host time
   std::string fail_spec;                // CUDASIM_FAIL: calls that fail on purpose (fault.h); checked here
   uint64_t fail_seed = 1;               // CUDASIM_FAIL_SEED: the generator of CUDASIM_FAIL's pX rules
 };

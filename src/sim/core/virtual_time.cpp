@@ -125,6 +125,10 @@ void advance_host_to(uint64_t t) {
   }
 }
 
+void charge_host(uint64_t ns) {
+  if (ns != 0 && virtual_time()) g_host_ns.fetch_add(ns, std::memory_order_acq_rel);
+}
+
 std::mutex& clock_mutex() {
   static auto* mu = new std::mutex;  // leaked: usable during exit
   return *mu;

@@ -101,6 +101,9 @@ uint64_t real_now_ns();
 uint64_t host_now_ns();
 // Moves the host's virtual clock to `t` when that is later. Thread-safe.
 void advance_host_to(uint64_t t);
+// In virtual time, moves the host's virtual clock `ns` on: the host time a call took
+// (env.h, HostCosts). Nothing in real time. Thread-safe.
+void charge_host(uint64_t ns);
 
 // Serializes scheduling: held across the computation of an operation's times and its
 // insertion into its stream's queue, so that virtual order is enqueue order.
