@@ -117,6 +117,47 @@ TEST_F(Limit, CachedGranulesAreUnmappedBeforeReportingOutOfMemory) {
   free_the_rest();
 }
 
+// Note [Taking only the pages needed]: at the limit a request takes the pages of as many
+// unused cached granules as it lacks, not of every one. Eight one-granule blocks fill a
+// 16 MiB limit; three non-adjacent ones are freed (cached); a two-granule request fits only
+// past them and takes two granules' pages: the third cached block stays mapped, and a
+// one-granule request then reuses it without mapping anything.
+class LimitOfEight : public PoolTest {
+ protected:
+  uint64_t limit() const override { return 16 * kMiB; }
+};
+
+TEST_F(LimitOfEight, ARequestAtTheLimitUnmapsOnlyTheCachedGranulesItNeeds) {
+  SKIP_UNLESS_CUDASIM();
+  const size_t g = granularity();
+  ASSERT_EQ(2 * kMiB, g);
+  void* blocks[8] = {};
+  for (void*& b : blocks) {
+    b = allocate(g);
+    ASSERT_NE(nullptr, b);
+  }
+  for (int i : {0, 2, 4}) deallocate(blocks[i]);
+  ASSERT_EQ(16 * kMiB, sim_counters()->mapped_bytes) << "freed blocks stay cached";
+
+  std::string error;
+  void* pair = pool().allocate(2 * g, stream_, &error);
+  ASSERT_NE(nullptr, pair) << error;
+  EXPECT_EQ(16 * kMiB, sim_counters()->mapped_bytes)
+      << "two cached granules give their pages; the third stays mapped";
+  EXPECT_EQ(16 * kMiB, stats().reserved_bytes);
+
+  const uint64_t mapped = sim_counters()->mapped_bytes;
+  void* one = pool().allocate(g, stream_, &error);
+  ASSERT_NE(nullptr, one) << error;
+  EXPECT_EQ(mapped, sim_counters()->mapped_bytes) << "the cached block is reused as it is";
+  EXPECT_EQ(0u, stats().num_ooms);
+  EXPECT_TRUE(round_trip(pair, 2 * g, 7));
+  EXPECT_TRUE(round_trip(one, g, 8));
+  deallocate(one);
+  deallocate(pair);
+  for (int i : {1, 3, 5, 6, 7}) deallocate(blocks[i]);
+}
+
 // The allocating stream is alive, so the blocks it freed itself can be made usable by
 // synchronizing just that stream: at the limit their granules are unmapped for the request
 // without waiting for another stream's work (a device synchronization would wait for it:
