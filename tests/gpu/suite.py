@@ -573,15 +573,14 @@ class Runner:
             raise SystemExit(f"suite.py: asking torch about the device failed: {detail}")
         return json.loads(out.read_text())
 
-    def copies(self):
-        """tests/gpu/copy_cost.py in a child: its JSON, or {"status": ..., "message": ...}."""
+    def _measure(self, script, extra_args):
+        """tests/gpu/<script> --json in a child: {"status": "ok", its JSON...}, or
+        {"status": ..., "message": ...}."""
         remaining = self.deadline - time.monotonic()
         if remaining < 15:
             return {"status": "skipped", "message": "the time budget was spent"}
-        out = self.tmp / "copies.json"
-        cmd = [sys.executable, str(Path(__file__).resolve().parent / "copy_cost.py"), "--json", str(out)]
-        if self.args.cpu_sim:
-            cmd.append("--cpu-sim")
+        out = self.tmp / (Path(script).stem + ".json")
+        cmd = [sys.executable, str(Path(__file__).resolve().parent / script), "--json", str(out)] + extra_args
         try:
             proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=min(120, remaining))
         except subprocess.TimeoutExpired:
@@ -590,22 +589,13 @@ class Runner:
             return {"status": "error", "message": tail(proc.stderr or proc.stdout)}
         return {"status": "ok", **json.loads(out.read_text())}
 
+    def copies(self):
+        """tests/gpu/copy_cost.py: what one pinned copy costs by size."""
+        return self._measure("copy_cost.py", ["--cpu-sim"] if self.args.cpu_sim else [])
+
     def vmm(self):
-        """tests/gpu/vmm_cost.py in a child: its JSON, or {"status": ..., "message": ...}."""
-        remaining = self.deadline - time.monotonic()
-        if remaining < 15:
-            return {"status": "skipped", "message": "the time budget was spent"}
-        out = self.tmp / "vmm.json"
-        cmd = [sys.executable, str(Path(__file__).resolve().parent / "vmm_cost.py"), "--json", str(out)]
-        if self.args.cpu_sim:
-            cmd += ["--cpu-sim", "--granules", "32"]
-        try:
-            proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=min(120, remaining))
-        except subprocess.TimeoutExpired:
-            return {"status": "timeout", "message": "no result after 120 s"}
-        if proc.returncode != 0 or not out.exists():
-            return {"status": "error", "message": tail(proc.stderr or proc.stdout)}
-        return {"status": "ok", **json.loads(out.read_text())}
+        """tests/gpu/vmm_cost.py: what CUDA's VMM calls and pinning cost."""
+        return self._measure("vmm_cost.py", ["--cpu-sim", "--granules", "32"] if self.args.cpu_sim else [])
 
     def oom(self):
         """oom_main in a child: its result, or {"status": ..., "message": ...}."""

@@ -5,7 +5,9 @@
     gives an extension that uses the process's libstdc++ (it is NEEDED, and the extension
     defines none of its symbols); a build that carries its own copy anyway is refused with
     a message that says so (Note [One C++ runtime]);
-  - the C++ standard follows torch's version: C++17 up to 2.11, C++20 from 2.12.
+  - the C++ standard follows torch's version: C++17 up to 2.11, C++20 from 2.12;
+  - csrc/cpu_sim.cpp's torch >= 2.3 branch compiles against torch 2.3+'s c10::Allocator
+    (tests/python/torch_2_3_api), and its older branch does not.
 Usage: python3 tests/python/test_ext_build.py   (exit status 0: every check held)
 """
 import os
@@ -79,6 +81,19 @@ with tempfile.TemporaryDirectory(prefix="vramswap-ext-build-") as tmp:
               f"a build that links its own copy of libstdc++ is refused, saying why: {str(e)[:160]}")
     check(not list(out_dir.glob("*.so")) and not list(out_dir.glob("*.tmp")),
           "and leaves no extension in the cache")
+
+# The torch >= 2.3 branch of csrc/cpu_sim.cpp against torch 2.3+'s c10::Allocator, declared
+# in tests/python/torch_2_3_api (only torch 1.13 is installed here; a GPU machine's torch 2.11
+# built it for real on 2026-11-26). Declared as torch 2.2, the file takes its older branch,
+# which that interface must refuse: the declaration is strict enough to tell them apart.
+api = REPO / "tests" / "python" / "torch_2_3_api"
+source = REPO / "plugin" / "python" / "vramswap" / "csrc" / "cpu_sim.cpp"
+for minor, compiles in ((3, True), (11, True), (2, False)):
+    res = subprocess.run([os.environ.get("CXX", "g++"), "-std=c++17", "-fsyntax-only", f"-I{api}",
+                          f"-DFAKE_TORCH_MINOR={minor}", str(source)], capture_output=True, text=True)
+    check((res.returncode == 0) == compiles,
+          f"csrc/cpu_sim.cpp declared as torch 2.{minor} {'compiles' if compiles else 'is refused'} against "
+          f"torch 2.3+'s c10::Allocator" + ("" if (res.returncode == 0) == compiles else f": {res.stderr[-600:]}"))
 
 for version, flag in (("1.13.1", "-std=c++17"), ("2.3.0", "-std=c++17"), ("2.11.0+cu130", "-std=c++17"),
                       ("2.12.0", "-std=c++20"), ("2.14.1+cu130", "-std=c++20"), ("3.0.0", "-std=c++20")):
