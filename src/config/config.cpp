@@ -185,6 +185,58 @@ std::optional<std::string> set_key(Config& config, const KeySpec& spec, std::str
   return invalid_value_message(spec, value, reason);
 }
 
+// Note [VRAMSWAP_CONF]
+// ~~~~~~~~~~~~~~~~~~~~
+// Every key of the table in one variable, in the style of PYTORCH_CUDA_ALLOC_CONF:
+// "limit:8GiB,horizon:4". An item's key is a table key with or without the VRAMSWAP_
+// prefix, in any case; its value is checked as that key's. A key also set as its own
+// variable takes that variable's value (parse() applies the items first; the Python
+// package's check applies variables in name order, VRAMSWAP_CONF first). Every item that
+// cannot be applied is an error that names VRAMSWAP_CONF, the whole value and the item.
+std::vector<std::string> apply_conf(Config& config, std::string_view value) {
+  std::vector<std::string> errors;
+  const std::string whole = std::string(kConfKey) + "='" + std::string(value) + "' is not valid: ";
+  auto trim = [](std::string_view s) {
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+    return s;
+  };
+  std::string_view rest = value;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view item = trim(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    if (item.empty()) continue;
+    const size_t colon = item.find(':');
+    if (colon == std::string_view::npos) {
+      errors.push_back(whole + "item '" + std::string(item) +
+                       "' is not key:value; expected items such as limit:8GiB,horizon:4");
+      continue;
+    }
+    std::string name(trim(item.substr(0, colon)));
+    for (char& c : name) c = char(std::toupper(static_cast<unsigned char>(c)));
+    if (!starts_with_prefix_ignoring_case(name)) name = std::string(kPrefix) + name;
+    const KeySpec* spec = find_key(name);
+    if (spec == nullptr) {
+      std::string msg = whole + "item '" + std::string(item) + "': ";
+      if (is_python_key(name) || name == kConfKey) {
+        msg += name + " is not a setting of the library; set it as a variable of its own";
+      } else if (std::optional<std::string_view> near = closest_key(name)) {
+        std::string shown(near->substr(kPrefix.size()));
+        for (char& c : shown) c = char(std::tolower(static_cast<unsigned char>(c)));
+        msg += "unknown key; did you mean " + shown + "?";
+      } else {
+        msg += "unknown key; keys are those of the table, with or without VRAMSWAP_ (limit, horizon, ...)";
+      }
+      errors.push_back(std::move(msg));
+      continue;
+    }
+    if (std::optional<std::string> error = set_key(config, *spec, trim(item.substr(colon + 1))))
+      errors.push_back(whole + "item '" + std::string(item) + "': " + *error);
+  }
+  return errors;
+}
+
 // A Markdown table cell: '|' would end the cell, a newline the row.
 std::string cell(std::string_view text) {
   std::string out;
@@ -250,8 +302,10 @@ bool is_python_key(std::string_view name) {
 
 ParseResult parse(const std::map<std::string, std::string>& env) {
   ParseResult result;
+  if (auto conf = env.find(std::string(kConfKey)); conf != env.end())  // first: variables win
+    for (std::string& error : apply_conf(result.config, conf->second)) result.errors.push_back(std::move(error));
   for (const auto& [key, value] : env) {
-    if (!key.starts_with(kPrefix) || is_python_key(key)) continue;
+    if (!key.starts_with(kPrefix) || is_python_key(key) || key == kConfKey) continue;
     const KeySpec* spec = find_key(key);
     if (!spec) {
       result.warnings.push_back(unknown_key_message(key));
@@ -264,6 +318,17 @@ ParseResult parse(const std::map<std::string, std::string>& env) {
 }
 
 std::optional<std::string> apply(Config& config, std::string_view key, std::string_view value) {
+  if (key == kConfKey) {
+    Config next = config;
+    std::vector<std::string> errors = apply_conf(next, value);
+    if (errors.empty()) {
+      config = std::move(next);
+      return std::nullopt;
+    }
+    std::string joined = errors.front();
+    for (size_t i = 1; i < errors.size(); ++i) joined += "; " + errors[i].substr(errors[i].find(": ") + 2);
+    return joined;
+  }
   const KeySpec* spec = find_key(key);
   if (!spec) return unknown_key_message(key);
   return set_key(config, *spec, value);

@@ -94,6 +94,10 @@ inline constexpr std::string_view kPythonKeys[] = {
     "VRAMSWAP_TORCH_EXT", "VRAMSWAP_TORCH_EXT_CUDA"};
 bool is_python_key(std::string_view name);
 
+// Every key of the table in one variable, "limit:8GiB,horizon:4" (Note [VRAMSWAP_CONF] in
+// config.cpp); a variable of its own wins over the same key there.
+inline constexpr std::string_view kConfKey = "VRAMSWAP_CONF";
+
 // The table, in the order the README lists it. Thread-safe: immutable.
 std::span<const KeySpec> keys();
 
@@ -112,7 +116,8 @@ struct ParseResult {
   bool ok() const { return errors.empty(); }
 };
 
-// Reads every VRAMSWAP_* entry of `env` (other keys are ignored). A refused value is an
+// Reads every VRAMSWAP_* entry of `env` (other keys are ignored), VRAMSWAP_CONF's items
+// first, so that a key's own variable wins. A refused value is an
 // error "VRAMSWAP_X='v' is not valid (why): expected <accepted form>" and leaves that key's
 // default; an unknown VRAMSWAP_* key is a warning naming the closest known key, or
 // listing the known keys if none is close. Messages are in key order.
@@ -120,7 +125,7 @@ struct ParseResult {
 ParseResult parse(const std::map<std::string, std::string>& env);
 
 // Sets one key, as vramswap_configure() does: the same keys and validation as parse(),
-// but an unknown key is an error. Returns the error message, or nullopt on success; on
+// but an unknown key is an error; VRAMSWAP_CONF sets each of its items, all or none. Returns the error message, or nullopt on success; on
 // error `config` is unchanged. Not thread-safe for concurrent calls on one Config.
 std::optional<std::string> apply(Config& config, std::string_view key, std::string_view value);
 

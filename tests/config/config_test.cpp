@@ -708,3 +708,54 @@ TEST(MarkdownTable, RowsShowDefaultAndAcceptedForm) {
 }
 
 }  // namespace
+
+// --- VRAMSWAP_CONF (Note [VRAMSWAP_CONF]) ---
+
+namespace vramswap::config {
+namespace {
+
+TEST(Conf, SetsEveryKeyItNames) {
+  ParseResult r = parse({{"VRAMSWAP_CONF", "limit:8GiB,horizon:2, LOG : info ,VRAMSWAP_STATS_FILE:/tmp/s.json"}});
+  ASSERT_TRUE(r.ok()) << r.errors.front();
+  EXPECT_EQ(r.config.resolve_limit(80 * kGiB), 8 * kGiB);
+  EXPECT_EQ(r.config.horizon, 2u);
+  EXPECT_EQ(r.config.log_level, LogLevel::kInfo);
+  EXPECT_EQ(r.config.stats_file, "/tmp/s.json");
+  EXPECT_TRUE(r.warnings.empty());
+}
+
+TEST(Conf, AVariableOfItsOwnWins) {
+  ParseResult r = parse({{"VRAMSWAP_CONF", "limit:8GiB,horizon:2"}, {"VRAMSWAP_LIMIT", "4GiB"}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.config.resolve_limit(80 * kGiB), 4 * kGiB);
+  EXPECT_EQ(r.config.horizon, 2u);
+}
+
+TEST(Conf, EachBadItemIsAnErrorNamingTheVariableTheValueAndTheItem) {
+  const std::string value = "limit:lots,limt:8GiB,horizon,torch_device:cpu-sim,horizon:3";
+  ParseResult r = parse({{"VRAMSWAP_CONF", value}});
+  ASSERT_EQ(r.errors.size(), 4u);
+  const std::string head = "VRAMSWAP_CONF='" + value + "' is not valid: ";
+  for (const std::string& e : r.errors) EXPECT_TRUE(e.starts_with(head)) << e;
+  EXPECT_NE(r.errors[0].find("item 'limit:lots': VRAMSWAP_LIMIT='lots' is not valid"), std::string::npos) << r.errors[0];
+  EXPECT_NE(r.errors[0].find("expected a size"), std::string::npos) << r.errors[0];
+  EXPECT_NE(r.errors[1].find("item 'limt:8GiB': unknown key; did you mean limit?"), std::string::npos) << r.errors[1];
+  EXPECT_NE(r.errors[2].find("item 'horizon' is not key:value"), std::string::npos) << r.errors[2];
+  EXPECT_NE(r.errors[3].find("VRAMSWAP_TORCH_DEVICE is not a setting of the library"), std::string::npos)
+      << r.errors[3];
+  EXPECT_EQ(r.config.horizon, 3u) << "the good items still apply";
+}
+
+TEST(Conf, ApplyTakesAllItemsOrNone) {
+  Config c;
+  EXPECT_EQ(apply(c, "VRAMSWAP_CONF", "horizon:6,log:debug"), std::nullopt);
+  EXPECT_EQ(c.horizon, 6u);
+  EXPECT_EQ(c.log_level, LogLevel::kDebug);
+  std::optional<std::string> error = apply(c, "VRAMSWAP_CONF", "horizon:1,log:loud");
+  ASSERT_TRUE(error.has_value());
+  EXPECT_TRUE(error->starts_with("VRAMSWAP_CONF='horizon:1,log:loud' is not valid: item 'log:loud'")) << *error;
+  EXPECT_EQ(c.horizon, 6u) << "nothing applied";
+}
+
+}  // namespace
+}  // namespace vramswap::config

@@ -24,6 +24,9 @@ clear errors, before anything runs.
   oom          an allocation past the limit, in the forward and in backward, raises
                vramswap.OutOfMemoryError, which is torch.cuda.OutOfMemoryError and a
                RuntimeError, with one "vramswap: " at the start of its message.
+  conf         VRAMSWAP_CONF="limit:48MiB,horizon:2" sets the limit under `vramswap run` in
+               the CPU-emulation mode; VRAMSWAP_LIMIT wins over its limit item; a bad item
+               stops `vramswap run` (exit status 2) with the preload's error line.
   keys         the package's own VRAMSWAP_* keys (vramswap._config.PYTHON_KEYS) are the
                ones src/config/config.h's kPythonKeys tells the library to skip.
 
@@ -235,6 +238,36 @@ def case_oom():
     del hold
 
 
+LIMIT_SCRIPT = "import torch, vramswap\nx = torch.ones(1024)\nprint('limit', vramswap.memory_stats()['device_limit_bytes'])\n"
+
+
+def case_conf():
+    """VRAMSWAP_CONF="limit:...,horizon:..." (Note [VRAMSWAP_CONF]): applied in the
+    CPU-emulation mode, a variable of its own wins, and a bad item stops `vramswap run` as a
+    bad variable does, with the preload's line."""
+    py = sys.executable
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "script.py").write_text(SCRIPT)
+        Path(tmp, "limit.py").write_text(LIMIT_SCRIPT)
+        run = [py, "-m", "vramswap", "run", "--", "python3"]
+        proc = spawn(run + ["limit.py"], tmp, VRAMSWAP_TORCH_DEVICE="cpu-sim", VRAMSWAP_CONF="limit:48MiB,horizon:2")
+        check(proc.returncode == 0 and f"limit {48 * MIB}" in proc.stdout,
+              f"VRAMSWAP_CONF=limit:48MiB,horizon:2 sets the limit ({proc.stdout.strip()!r}, {proc.stderr[-400:]!r})")
+        proc = spawn(run + ["limit.py"], tmp, VRAMSWAP_TORCH_DEVICE="cpu-sim", VRAMSWAP_CONF="limit:48MiB",
+                     VRAMSWAP_LIMIT="32MiB")
+        check(proc.returncode == 0 and f"limit {32 * MIB}" in proc.stdout,
+              f"VRAMSWAP_LIMIT=32MiB wins over VRAMSWAP_CONF's limit:48MiB ({proc.stdout.strip()!r})")
+        conf_error = "VRAMSWAP_CONF='limit:lots' is not valid: item 'limit:lots': VRAMSWAP_LIMIT='lots' is not valid"
+        for device in ("", "cpu-sim"):
+            proc = spawn(run + ["script.py"], tmp, VRAMSWAP_CONF="limit:lots", VRAMSWAP_TORCH_DEVICE=device)
+            stopped(proc, tmp, f"vramswap run{' (cpu-sim)' if device else ''}, VRAMSWAP_CONF=limit:lots",
+                    [f"vramswap: error: {conf_error}", "expected a size", "exit status 2"])
+        preload = preload_lines(VRAMSWAP_CONF="limit:lots")
+        if preload is not None:
+            ours = [line for line in proc.stderr.splitlines() if line.startswith("vramswap: error: VRAMSWAP_")]
+            check(ours == preload, f"VRAMSWAP_CONF=limit:lots: the error line is the preload's ({preload} / {ours})")
+
+
 def case_keys():
     from vramswap import _config
     header = (REPO / "src" / "config" / "config.h").read_text()
@@ -245,8 +278,8 @@ def case_keys():
 
 
 CASES = {"run": case_run, "import": case_import, "install_cpu": case_install_cpu,
-         "values": case_values, "oom": case_oom, "keys": case_keys}
-IN_PARENT = ("run", "import", "keys")  # these spawn their own children
+         "values": case_values, "oom": case_oom, "keys": case_keys, "conf": case_conf}
+IN_PARENT = ("run", "import", "keys", "conf")  # these spawn their own children
 
 
 def main(argv):
