@@ -132,7 +132,9 @@ constexpr KeySpec kKeys[] = {
         "plan made)."),
     key<KeyType::kPath, &Config::stats_file>(
         "VRAMSWAP_STATS_FILE", kAtOnce, "", "",
-        "Statistics are written to this file as JSON when the process exits; unset: no file."),
+        "Statistics are written to this file as JSON when the process exits; unset: no file. {pid} in the "
+        "path is the process id, {rank} the RANK variable of distributed launchers (0 when unset), so that each "
+        "process of a distributed run writes its own file (e.g. stats-{rank}.json)."),
 };
 
 // Optimal string alignment distance (Levenshtein plus adjacent transpositions), ignoring case.

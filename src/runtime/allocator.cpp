@@ -435,6 +435,7 @@ void Allocator::write_stats_file() const {
     path = config_.stats_file;
   }
   if (path.empty()) return;
+  path = stats::expand_stats_path(path, static_cast<long>(::getpid()), std::getenv("RANK"));
   std::string document;
   try {
     document = stats_json() + "\n";

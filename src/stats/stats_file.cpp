@@ -77,6 +77,28 @@ std::string replace_atomically(const std::string& path, const std::string& docum
 
 }  // namespace
 
+std::string expand_stats_path(const std::string& path, long pid, const char* rank) {
+  std::string rank_text = "0";
+  if (rank != nullptr && *rank != '\0') {
+    bool digits = true;
+    for (const char* c = rank; *c; ++c) digits = digits && *c >= '0' && *c <= '9';
+    if (digits) rank_text = rank;
+  }
+  std::string out;
+  for (size_t i = 0; i < path.size();) {
+    if (path.compare(i, 5, "{pid}") == 0) {
+      out += std::to_string(pid);
+      i += 5;
+    } else if (path.compare(i, 6, "{rank}") == 0) {
+      out += rank_text;
+      i += 6;
+    } else {
+      out += path[i++];
+    }
+  }
+  return out;
+}
+
 std::string write_stats_file(const std::string& path, const std::string& document) {
   const std::string target = follow_links(path);
   if (target.empty()) return path + ": too many levels of symbolic links";

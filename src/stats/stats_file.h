@@ -13,6 +13,12 @@
 
 namespace vramswap::stats {
 
+// The path VRAMSWAP_STATS_FILE names for this process: "{pid}" replaced by `pid`, "{rank}"
+// by `rank` (the RANK variable torch.distributed's launchers set; "0" when it is unset or
+// not a number), so that the processes of a distributed run write files of their own.
+// Thread-safe: pure.
+std::string expand_stats_path(const std::string& path, long pid, const char* rank);
+
 // Writes `document` to `path` as above. Returns "" on success, else why not (the path and
 // the system's reason). Thread-safe (no shared state; two writers of one path race as
 // their renames do).

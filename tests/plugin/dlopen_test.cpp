@@ -786,10 +786,13 @@ TEST_F(Plugin, StatsFileIsWrittenAtExit) {
     dir = made;
     setenv("VRAMSWAP_TEST_STATS_DIR", made, 1);
   }
-  const std::string path = dir + "/stats.json";
+  // {rank} is RANK's value (each process of a distributed run writes its own file).
+  const std::string path = dir + "/stats-3.json";
+  const std::string named = dir + "/stats-{rank}.json";
   EXPECT_EXIT(
       {
-        if (api().configure("VRAMSWAP_STATS_FILE", path.c_str()) != 0) std::_Exit(3);
+        setenv("RANK", "3", 1);
+        if (api().configure("VRAMSWAP_STATS_FILE", named.c_str()) != 0) std::_Exit(3);
         void* p = api().malloc(kMiB, 0, nullptr);
         if (!p) std::_Exit(4);
         api().free(p, kMiB, 0, nullptr);

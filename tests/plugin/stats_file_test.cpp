@@ -39,6 +39,17 @@ class StatsFile : public ::testing::Test {
   std::string dir_;
 };
 
+// Each process of a distributed run writes a file of its own: {pid} and {rank} (RANK, as
+// torchrun sets it; 0 without one or when it is not a number) in the path.
+TEST(StatsPath, PidAndRankPlaceholdersAreReplaced) {
+  EXPECT_EQ("/tmp/stats-3-1234.json", expand_stats_path("/tmp/stats-{rank}-{pid}.json", 1234, "3"));
+  EXPECT_EQ("/tmp/stats-0.json", expand_stats_path("/tmp/stats-{rank}.json", 1, nullptr));
+  EXPECT_EQ("/tmp/stats-0.json", expand_stats_path("/tmp/stats-{rank}.json", 1, "three"));
+  EXPECT_EQ("/tmp/{pid/{rank-{x}.json", expand_stats_path("/tmp/{pid/{rank-{x}.json", 7, "1"));
+  EXPECT_EQ("/tmp/7{7}.json", expand_stats_path("/tmp/{pid}{{pid}}.json", 7, "1"));
+  EXPECT_EQ("/tmp/plain.json", expand_stats_path("/tmp/plain.json", 7, "1"));
+}
+
 TEST_F(StatsFile, ARegularFileIsReplacedWholeAndNoTemporaryIsLeft) {
   const std::string path = dir_ + "/stats.json";
   std::ofstream(path) << "an older and longer document";
