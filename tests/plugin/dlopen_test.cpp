@@ -69,6 +69,8 @@ struct Api {
   decltype(&cudaDeviceSynchronize) device_synchronize = nullptr;
   decltype(&cudaMemsetAsync) memset_async = nullptr;
   decltype(&cudaMemcpyAsync) memcpy_async = nullptr;
+  decltype(&cudaSetDevice) set_device = nullptr;
+  decltype(&cudaGetDeviceCount) device_count = nullptr;
 };
 
 template <typename F>
@@ -114,6 +116,8 @@ const Api& api() {
     find(handle, a.device_synchronize, "cudaDeviceSynchronize", &missing);
     find(handle, a.memset_async, "cudaMemsetAsync", &missing);
     find(handle, a.memcpy_async, "cudaMemcpyAsync", &missing);
+    find(handle, a.set_device, "cudaSetDevice", &missing);
+    find(handle, a.device_count, "cudaGetDeviceCount", &missing);
     if (!missing.empty()) ADD_FAILURE() << "dlsym found no" << missing;
     return a;
   }();
@@ -902,17 +906,18 @@ class PluginOffload : public Plugin {
     a.scope_push();
     ++depth_;
   }
+  int device_ = 0;  // where forward() and backward() allocate and free
   void pop() {
     a.scope_pop();
     --depth_;
   }
 
-  // The per-device value of `key` for device 0.
-  std::optional<uint64_t> device_counter(const std::string& key) {
+  // The per-device value of `key` for `device` (0 by default).
+  std::optional<uint64_t> device_counter(const std::string& key, int device = 0) {
     const std::string json = stats();
-    const size_t at = json.find("\"devices\":[{\"device\":0,");
+    const size_t at = json.find("{\"device\":" + std::to_string(device) + ",");
     if (at == std::string::npos) return std::nullopt;
-    return number(json.substr(at), key);
+    return number(json.substr(at, json.find('}', at) - at), key);
   }
 
   // Forward: `n` tagged blocks of kBlock, each filled with its pattern on stream_, packed
@@ -923,7 +928,7 @@ class PluginOffload : public Plugin {
     push();
     a.graph_begin();
     for (size_t i = 0; i < n; ++i) {
-      void* p = a.malloc(kBlock, 0, stream_);
+      void* p = a.malloc(kBlock, device_, stream_);
       ASSERT_NE(p, nullptr) << "block " << i << ": " << last_error() << "\n" << stats();
       patterns->push_back(block_pattern(i));
       ASSERT_EQ(a.memcpy_async(p, patterns->back().data(), kBlock, cudaMemcpyHostToDevice, stream_), cudaSuccess);
@@ -934,7 +939,7 @@ class PluginOffload : public Plugin {
       EXPECT_STREQ(a.last_error(), "");
       blocks->push_back(p);
       handles->push_back(h);
-      EXPECT_LE(counter("resident_bytes"), limit_) << "after block " << i;
+      EXPECT_LE(device_counter("resident_bytes", device_).value_or(UINT64_MAX), limit_) << "after block " << i;
     }
     pop();
   }
@@ -954,9 +959,9 @@ class PluginOffload : public Plugin {
       EXPECT_TRUE(mismatch.first == out.end())
           << "block " << i << " differs at byte " << (mismatch.first - out.begin()) << " of " << kBlock;
       ASSERT_EQ(a.release(handles[i]), 0) << last_error();
-      a.free(blocks[i], kBlock, 0, stream_);
+      a.free(blocks[i], kBlock, device_, stream_);
       ASSERT_STREQ(a.last_error(), "") << "block " << i;
-      EXPECT_LE(counter("resident_bytes"), limit_) << "after block " << i;
+      EXPECT_LE(device_counter("resident_bytes", device_).value_or(UINT64_MAX), limit_) << "after block " << i;
     }
     blocks.clear();
     handles.clear();
@@ -1075,6 +1080,55 @@ TEST_F(PluginOffload, HostTimeInLongCudaCallsIsCounted) {
   EXPECT_GE(number(after, "host_wait_ns").value_or(0), *number(before, "host_wait_ns")) << after;
   ASSERT_NO_FATAL_FAILURE(backward(blocks, handles, patterns));
   expect_nothing_tagged_left();
+}
+
+// Several devices (issue 15): each has its own pool, limit and engine. Registered with
+// CUDASIM_DEVICE_COUNT=2 (".two_devices"); skips with one device. A block on device 0 stays
+// there, untouched, while a forward of twice the limit on device 1 is evicted and restored
+// on device 1 alone, and the statistics say which device did what.
+class PluginTwoDevices : public PluginOffload {
+ protected:
+  void SetUp() override {
+    PluginOffload::SetUp();
+    int n = 0;
+    ASSERT_EQ(a.device_count(&n), cudaSuccess);
+    if (n < 2) GTEST_SKIP() << "needs CUDASIM_DEVICE_COUNT >= 2 (ctest's .two_devices sets it)";
+  }
+};
+
+TEST_F(PluginTwoDevices, EachDeviceEvictsAndRestoresItsOwnBlocks) {
+  // Device 0: one block, its bytes known.
+  std::vector<unsigned char> zero_pattern = block_pattern(99), out(kBlock);
+  void* on_zero = a.malloc(kBlock, 0, nullptr);
+  ASSERT_NE(on_zero, nullptr) << last_error();
+  ASSERT_EQ(a.memcpy(on_zero, zero_pattern.data(), kBlock, cudaMemcpyHostToDevice), cudaSuccess);
+  const uint64_t zero_evictions = device_counter("num_evictions", 0).value_or(0);
+
+  // Device 1: a forward of twice the limit, on a stream of device 1.
+  ASSERT_EQ(a.set_device(1), cudaSuccess);
+  cudaStream_t stream_one = nullptr;
+  ASSERT_EQ(a.stream_create(&stream_one), cudaSuccess);
+  std::swap(stream_, stream_one);
+  device_ = 1;
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  std::vector<std::vector<unsigned char>> patterns;
+  ASSERT_NO_FATAL_FAILURE(forward(2 * limit_ / kBlock, &blocks, &handles, &patterns));
+  EXPECT_GT(device_counter("num_evictions", 1).value_or(0), 0u) << stats();
+  EXPECT_EQ(device_counter("num_evictions", 0).value_or(0), zero_evictions) << "device 0 gave up nothing";
+  EXPECT_LE(device_counter("peak_resident_bytes", 1).value_or(UINT64_MAX), limit_) << stats();
+  ASSERT_NO_FATAL_FAILURE(backward(blocks, handles, patterns));
+  EXPECT_GT(device_counter("num_prefetches", 1).value_or(0), 0u) << stats();
+  std::swap(stream_, stream_one);
+  ASSERT_EQ(a.stream_destroy(stream_one), cudaSuccess);
+  ASSERT_EQ(a.set_device(0), cudaSuccess);
+
+  // Device 0's block kept its bytes; both devices' invariants hold.
+  ASSERT_EQ(a.memcpy(out.data(), on_zero, kBlock, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(out == zero_pattern) << "device 0's block changed";
+  a.free(on_zero, kBlock, 0, nullptr);
+  EXPECT_STREQ(a.last_error(), "");
+  EXPECT_EQ(number(stats(), "tagged_bytes"), 0u) << stats();
 }
 
 TEST_F(PluginOffload, WithNoPressureNothingIsCopied) {
