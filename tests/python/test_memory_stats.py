@@ -2,8 +2,8 @@
 """vramswap.memory_stats() carries torch.cuda.memory_stats()'s key names beside vramswap's,
 they move with allocations, and vramswap.reset_peak_stats() resets both spellings. torch's
 functions exist under torch's names (memory_allocated, max_memory_allocated,
-memory_reserved, max_memory_reserved, reset_peak_memory_stats) and answer from the same
-numbers.
+memory_reserved, max_memory_reserved, reset_peak_memory_stats, memory_summary) and answer
+from the same numbers.
 
 Runs in the CPU-emulation mode (no GPU): torch's CPU tensors come from vramswap on cudasim.
 Usage: python3 tests/python/test_memory_stats.py   (exit status 0: every check held)
@@ -67,6 +67,23 @@ def main():
         check(f is not None and f() == vramswap.memory_stats()[key] and f(0) == vramswap.memory_stats(0)[key]
               and f(torch.device("cpu", 0)) == f(0),
               f"vramswap.{fn}() is memory_stats()['{key}'], for the process and for device 0")
+
+    # memory_summary(): torch's table layout, vramswap's numbers.
+    summary = vramswap.memory_summary()
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in summary.splitlines() if line.startswith("| ") and line.count("|") == 6}
+    now = vramswap.memory_stats()
+    for label in ("Allocated memory", "GPU reserved memory", "Resident (mapped)", "Offloadable (tagged)",
+                  "Evicted to host", "In flight", "Host tier (pinned)", "Allocations", "Evictions",
+                  "Fetches (prefetched)", "Faults (waited)", "Planned steps"):
+        check(label in rows, f"memory_summary() has a '{label}' row")
+    check(rows.get("Allocated memory", [""])[0] == vramswap._format_size(now["allocated_bytes"]).strip()
+          and rows.get("GPU reserved memory", ["", ""])[1] == vramswap._format_size(now["peak_reserved_bytes"]).strip(),
+          f"memory_summary()'s allocated and peak reserved cells are memory_stats()'s ({rows.get('Allocated memory')})")
+    check(rows.get("Allocations", ["", "", ""])[2] == str(now["num_allocs"]),
+          "memory_summary()'s allocations are num_allocs")
+    check("device ID 0" in vramswap.memory_summary(0) and "all devices" in summary,
+          "memory_summary(0) is device 0's, memory_summary() every device's")
 
     del big
     s2 = vramswap.memory_stats()

@@ -32,7 +32,7 @@ from ._version import __version__
 
 __all__ = ["__version__", "install", "installed", "sim", "offload", "memory_stats", "reset_peak_stats",
            "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-           "reset_peak_memory_stats", "empty_cache", "tracker_stats", "VramswapError", "ConfigError",
+           "reset_peak_memory_stats", "memory_summary", "empty_cache", "tracker_stats", "VramswapError", "ConfigError",
            "OutOfMemoryError"]
 
 # The torch-facing parts import torch; they load on first use, so that what needs no torch
@@ -138,6 +138,60 @@ def memory_reserved(device=None):
 def max_memory_reserved(device=None):
     """The peak of memory_reserved() (torch.cuda.max_memory_reserved)."""
     return memory_stats(device)["peak_reserved_bytes"]
+
+
+def _format_size(n):
+    """torch's memory_summary's sizes: the number in the largest unit below 1024 of it."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:6d} {unit:>3s}" if unit == "B" else f"{n:6.0f} {unit}"
+        n /= 1024
+
+
+def memory_summary(device=None, abbreviated=False):
+    """torch.cuda.memory_summary()'s table for vramswap: allocated and reserved memory as
+    torch prints them, then what vramswap adds: resident (mapped) memory, offloadable
+    (tagged) blocks, bytes evicted to the host and in flight, the pinned host tier, and the
+    counts of allocations, evictions, fetches, faults and out-of-memory refusals. `device`
+    as for memory_stats() (None: every device together). In the "Evicted to host" row, Tot
+    Alloc and Tot Freed are the bytes copied out and back. `abbreviated` is accepted for
+    torch's signature (the table is always the short one)."""
+    s = memory_stats(device)
+    width = 75
+    title = "vramswap memory summary, " + ("all devices" if device is None else
+                                              f"device ID {getattr(device, 'index', device) or 0}")
+    rule, thin = "|" + "=" * width + "|", "|" + "-" * width + "|"
+
+    def row(metric, cur="", peak="", total_in="", total_out=""):
+        return f"| {metric:<21s} | {cur:>10s} | {peak:>10s} | {total_in:>10s} | {total_out:>10s} |"
+
+    def size(key):
+        return _format_size(s[key]) if key in s else "-"
+
+    def count(key):
+        return str(s[key]) if key in s else "-"
+
+    half = (width - 3) // 2
+    lines = [rule, "|" + title.center(width) + "|", thin,
+             "|" + f"OOMs: {s.get('num_ooms', 0)}".center(half) + " | "
+             + f"evictions: {s.get('num_evictions', 0)}".center(width - half - 3) + "|",
+             rule, row("Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"), thin,
+             row("Allocated memory", size("allocated_bytes"), size("peak_allocated_bytes")),
+             row("GPU reserved memory", size("reserved_bytes"), size("peak_reserved_bytes")),
+             row("Resident (mapped)", size("resident_bytes"), size("peak_resident_bytes")),
+             row("Offloadable (tagged)", size("tagged_bytes")),
+             row("Evicted to host", size("evicted_bytes"), "", size("bytes_evicted_total"),
+                 size("bytes_prefetched_total")),
+             row("In flight", size("in_flight_bytes")),
+             row("Host tier (pinned)", size("host_bytes"), size("peak_host_bytes")),
+             thin,
+             row("Allocations", "", "", count("num_allocs"), count("num_frees")),
+             row("Evictions", "", "", count("num_evictions")),
+             row("Fetches (prefetched)", "", "", count("num_prefetches")),
+             row("Faults (waited)", "", "", count("num_faults")),
+             row("Planned steps", "", "", count("num_planned_steps")),
+             rule]
+    return "\n".join(lines) + "\n"
 
 
 def empty_cache():
