@@ -234,7 +234,10 @@ int vramswap_mark_cold(uint64_t handle, struct CUstream_st* stream) noexcept {
 
 int vramswap_unpack(uint64_t handle, struct CUstream_st* stream) noexcept {
   vramswap::clear_last_error();
-  return guarded<int>(__func__, -1, [&] { return reported(used_allocator().unpack(handle, stream)); });
+  return guarded<int>(__func__, -1, [&] {
+    const vramswap::residency::Status status = used_allocator().unpack(handle, stream);
+    return status.ok || !status.out_of_memory ? reported(status) : (reported(status), -2);
+  });
 }
 
 int vramswap_release(uint64_t handle) noexcept {

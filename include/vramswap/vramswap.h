@@ -231,10 +231,12 @@ int vramswap_mark_cold(uint64_t h, struct CUstream_st* stream) VRAMSWAP_NOEXCEPT
  * for it on the device (num_late_prefetches); the host thread blocks only when other
  * blocks must be evicted first to make room. Then the next VRAMSWAP_HORIZON blocks in
  * predicted order are prefetched on a copy stream. The block is not evicted again until it
- * is marked cold again. The tracker calls it from autograd's unpack hook. Returns 0; or -1
- * with the last error for a bad handle (as vramswap_mark_cold), or when the block cannot
- * be brought back: no device memory even after evicting every other cold block, or a
- * stream is capturing a CUDA graph (nothing is copied during capture). Thread-safe. */
+ * is marked cold again. The tracker calls it from autograd's unpack hook. Returns 0; -2
+ * when the block cannot be brought back for want of device memory, even after evicting
+ * every other cold block (an out-of-memory: counted in num_ooms, the last error the
+ * report of what holds the memory; the block stays on the host and a later unpack can
+ * try again); or -1 with the last error for a bad handle (as vramswap_mark_cold), or when
+ * a stream is capturing a CUDA graph (nothing is copied during capture). Thread-safe. */
 int vramswap_unpack(uint64_t h, struct CUstream_st* stream) VRAMSWAP_NOEXCEPT;
 
 /* Drops one reference the handle holds (one vramswap_pack). When the last is dropped the

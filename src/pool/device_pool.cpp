@@ -148,6 +148,11 @@ class DevicePool::Impl {
   bool owns(const void* ptr) const { return va_.contains(reinterpret_cast<uintptr_t>(ptr)); }
   int device() const { return device_; }
 
+  void count_out_of_memory() {
+    std::lock_guard lock(mu_);
+    ++num_ooms_;
+  }
+
  private:
   using BlockIt = std::map<uintptr_t, Block>::iterator;
 
@@ -959,7 +964,9 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait, cudaStream_t stream)
     }
     if (step > 0 && kSteps[step - 1] == Relief::kDrainPending && waiting()) --step;  // the next oldest
   }
-  return {false, "map of " + pointer_name(ptr) + " (" + format_size(size) + "): refused by " + why};
+  return {false, "map of " + pointer_name(ptr) + " (" + format_size(size) + "): refused by " + why + ": " +
+                     oom_report(size, size, why),
+          true};
 }
 
 DevicePool::Impl::BlockIt DevicePool::Impl::find_live(void* ptr, Result* refusal) {
@@ -1252,6 +1259,7 @@ void* DevicePool::allocate_offloadable(size_t size, cudaStream_t stream, std::st
 Result DevicePool::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
   return impl_->unmap_block(ptr, partly, freed);
 }
+void DevicePool::count_out_of_memory() { impl_->count_out_of_memory(); }
 Result DevicePool::map_block(void* ptr, MapWait wait, cudaStream_t stream) {
   return impl_->map_block(ptr, wait, stream);
 }

@@ -124,6 +124,7 @@ struct PoolStats {
 struct Result {
   bool ok = true;
   std::string message;
+  bool out_of_memory = false;  // refused for want of device memory (the limit or the card)
 };
 
 class DevicePool {
@@ -195,8 +196,12 @@ class DevicePool {
   // caller restores them (a granule that stayed mapped kept them; one mapped again for a
   // neighbour did not).
   // Refused, with nothing mapped, when the limit or the device does not allow it even
-  // after the pool's own measures that `wait` allows. Thread-safe.
+  // after the pool's own measures that `wait` allows (out_of_memory set, the message the
+  // pool's out-of-memory report). Thread-safe.
   Result map_block(void* ptr, MapWait wait, cudaStream_t stream = any_stream());
+  // Counts an out-of-memory the caller reports for the pool's memory (num_ooms): a block
+  // that map_block could not bring back when it was needed. Thread-safe.
+  void count_out_of_memory();
 
   // True when a granule under the live block at `ptr` is touched by a live ordinary
   // (allocate()'s) block too: giving the block up cannot free that page while the ordinary

@@ -847,9 +847,16 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
       }
       break;
   }
-  if (!mapped.ok)
-    return {false, "cannot bring block " + hex(s.addr) + " (" + format_size(s.placed) +
-                       ") back to the device: " + mapped.message};
+  if (!mapped.ok) {
+    // Needed now and refused for want of memory: the program's out-of-memory (the caller
+    // raises it as one), counted as the pool counts its own.
+    const bool out_of_memory = kind == Fetch::kNeeded && mapped.out_of_memory;
+    if (out_of_memory) pool_.count_out_of_memory();
+    return {false,
+            "cannot bring block " + hex(s.addr) + " (" + format_size(s.placed) + ") back to the device: " +
+                mapped.message,
+            out_of_memory};
+  }
   void* check = nullptr;
   cuda::Event copied;
   try {

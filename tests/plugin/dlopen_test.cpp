@@ -1131,6 +1131,59 @@ TEST_F(PluginTwoDevices, EachDeviceEvictsAndRestoresItsOwnBlocks) {
   EXPECT_EQ(number(stats(), "tagged_bytes"), 0u) << stats();
 }
 
+// An unpack that finds no memory to bring its block back (every resident block is in use:
+// unpacked and not released) is the program's out-of-memory, as an allocation's is: -2, a
+// report of what holds the memory, counted in num_ooms; the block stays on the host, and
+// the same unpack succeeds once memory is freed. (A plain -1 with "refused by the limit"
+// before, which the tracker raised as a RuntimeError, not torch's OutOfMemoryError.)
+TEST_F(PluginOffload, AnUnpackWithNoMemoryLeftIsAnOutOfMemoryThatCanBeRetried) {
+  const size_t n = 2 * limit_ / kBlock;
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  std::vector<std::vector<unsigned char>> patterns;
+  ASSERT_NO_FATAL_FAILURE(forward(n, &blocks, &handles, &patterns));
+  const uint64_t ooms = counter("num_ooms");
+  size_t refused = n;
+  for (size_t i = n; i-- > 0;) {  // backward's order, nothing released
+    const int rc = a.unpack(handles[i], stream_);
+    if (rc == 0) continue;
+    ASSERT_EQ(rc, -2) << "block " << i << ": " << last_error();
+    const std::string error = last_error();
+    EXPECT_NE(error.find("cannot bring block"), std::string::npos) << error;
+    EXPECT_NE(error.find("out of memory on device 0"), std::string::npos) << error;
+    EXPECT_NE(error.find("Limit 64 MiB"), std::string::npos) << error;
+    EXPECT_EQ(counter("num_ooms"), ooms + 1);
+    refused = i;
+    break;
+  }
+  ASSERT_LT(refused, n) << "every block came back while all were held: the limit held nothing";
+  // Free the unpacked blocks (those after `refused`) one by one until it comes back.
+  std::vector<unsigned char> out(kBlock);
+  size_t freed = n;
+  int rc = -2;
+  while (rc == -2 && freed > refused + 1) {
+    --freed;
+    ASSERT_EQ(a.release(handles[freed]), 0) << last_error();
+    a.free(blocks[freed], kBlock, 0, stream_);
+    rc = a.unpack(handles[refused], stream_);
+  }
+  ASSERT_EQ(rc, 0) << last_error();
+  ASSERT_EQ(a.memcpy_async(out.data(), blocks[refused], kBlock, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+  ASSERT_EQ(a.stream_synchronize(stream_), cudaSuccess);
+  EXPECT_TRUE(out == patterns[refused]) << "the refused block came back with its bytes";
+  for (size_t i = refused + 1; i < freed; ++i) {  // unpacked earlier, still held
+    ASSERT_EQ(a.release(handles[i]), 0) << last_error();
+    a.free(blocks[i], kBlock, 0, stream_);
+  }
+  ASSERT_EQ(a.release(handles[refused]), 0) << last_error();
+  a.free(blocks[refused], kBlock, 0, stream_);
+  blocks.resize(refused);
+  handles.resize(refused);
+  patterns.resize(refused);
+  ASSERT_NO_FATAL_FAILURE(backward(blocks, handles, patterns));
+  expect_nothing_tagged_left();
+}
+
 TEST_F(PluginOffload, WithNoPressureNothingIsCopied) {
   const size_t n = limit_ / kBlock / 2;  // half the limit, below the 90% soft limit
   std::vector<void*> blocks;

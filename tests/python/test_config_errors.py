@@ -24,6 +24,9 @@ clear errors, before anything runs.
   oom          an allocation past the limit, in the forward and in backward, raises
                vramswap.OutOfMemoryError, which is torch.cuda.OutOfMemoryError and a
                RuntimeError, with one "vramswap: " at the start of its message.
+  unpack_oom   backward's unpack of an evicted saved tensor with no memory left: an
+               out-of-memory with the pool's report, counted in num_ooms; once memory is
+               freed the same backward runs.
   conf         VRAMSWAP_CONF="limit:48MiB,horizon:2" sets the limit under `vramswap run` in
                the CPU-emulation mode; VRAMSWAP_LIMIT wins over its limit item; a bad item
                stops `vramswap run` (exit status 2) with the preload's error line.
@@ -238,6 +241,41 @@ def case_oom():
     del hold
 
 
+def case_unpack_oom():
+    """A saved tensor evicted under a limit that the program then fills: backward's unpack
+    cannot bring it back. vramswap_unpack returns -2 (an out-of-memory) with the pool's
+    report, counted in num_ooms; the tracker raises vramswap.OutOfMemoryError, which reaches
+    backward()'s caller as torch's autograd passes on an exception from a Python hook (a
+    RuntimeError whose message starts with the class's name, on torch 1.13)."""
+    import torch
+    import vramswap
+    vramswap.sim.install_cpu(limit="16MiB", horizon=0, log="off")
+    x = torch.ones(2 * MIB // 4, requires_grad=True)  # 2 MiB
+    with vramswap.offload():
+        y = (x * 2).sin()  # saves x * 2, which the program drops: cold
+    fillers = []
+    try:
+        while True:
+            fillers.append(torch.empty(2 * MIB // 4))  # evicts the saved tensor, then fills the limit
+    except vramswap.OutOfMemoryError:
+        pass
+    check(vramswap.memory_stats()["num_evictions"] >= 1, "the saved tensor was evicted for the fillers")
+    ooms = vramswap.memory_stats()["num_ooms"]
+    try:
+        y.sum().backward()
+        check(False, "backward's unpack with no memory left raises")
+    except RuntimeError as e:
+        text = str(e)
+        check(isinstance(e, vramswap.OutOfMemoryError) or text.startswith("OutOfMemoryError: vramswap: "),
+              f"backward's unpack raises vramswap.OutOfMemoryError ({type(e).__name__}: {text[:120]!r})")
+        check("cannot bring block" in text and "out of memory on device 0" in text and "Limit 16 MiB" in text,
+              f"with the report of what holds the memory ({text[:400]!r})")
+    check(vramswap.memory_stats()["num_ooms"] == ooms + 1, "counted in num_ooms")
+    fillers.clear()  # memory again: the same backward can run
+    y.sum().backward()
+    check(torch.equal(x.grad, 2 * torch.cos(x.detach() * 2)), "after freeing memory, backward brings it back")
+
+
 LIMIT_SCRIPT = "import torch, vramswap\nx = torch.ones(1024)\nprint('limit', vramswap.memory_stats()['device_limit_bytes'])\n"
 
 
@@ -278,7 +316,8 @@ def case_keys():
 
 
 CASES = {"run": case_run, "import": case_import, "install_cpu": case_install_cpu,
-         "values": case_values, "oom": case_oom, "keys": case_keys, "conf": case_conf}
+         "values": case_values, "oom": case_oom, "unpack_oom": case_unpack_oom, "keys": case_keys,
+         "conf": case_conf}
 IN_PARENT = ("run", "import", "keys", "conf")  # these spawn their own children
 
 

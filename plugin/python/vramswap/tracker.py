@@ -174,7 +174,12 @@ class _Tracker:
             self._new_graph = True  # a backward ran: the next pack starts a forward
         _ext.load().forget(p.handle)  # unpacked: in use, not cold (before the sweep below)
         self.poll_cold()
-        _lib.check(lib.vramswap_unpack(p.handle, self._stream()), "vramswap_unpack")
+        rc = lib.vramswap_unpack(p.handle, self._stream())
+        if rc == -2:  # no device memory to bring the block back: the program's out-of-memory
+            from ._errors import OutOfMemoryError
+            message = _lib.last_error()
+            raise OutOfMemoryError(message if message.startswith("vramswap: ") else "vramswap: " + message)
+        _lib.check(rc, "vramswap_unpack")
         sim.synchronize()
         with self._locked():
             self.stats["unpacks"] += 1
