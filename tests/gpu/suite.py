@@ -755,6 +755,10 @@ def vmm_markdown(vmm):
         lines += ["One handle per block (map + access + unmap, host time): "
                   + ", ".join(f"{n} granule{'s' if n != '1' else ''} {t['map'] + t['access'] + t['unmap']:.1f} us"
                               for n, t in by_size.items()) + ".", ""]
+    events = vmm.get("events") or {}
+    if events:
+        lines += ["Events (host time, median): " + ", ".join(f"{k} {v['median_us']:.2f} us" for k, v in events.items())
+                  + ".", ""]
     busy = vmm.get("busy") or {}
     if busy:
         lines += [f"Per granule while the device is busy{'' if busy.get('device_still_busy') else ' (it finished during the calls)'}: "

@@ -3,8 +3,9 @@
 machine: host time per call, as vramswap makes them (one 2 MiB granule of physical pages
 per cuMemCreate, mapped and given access one granule at a time), batched (one
 cuMemSetAccess / cuMemUnmap over many granules, one cuMemCreate of many granules), with one
-handle per block by block size (does a call cost per call or per granule?), and the
-per-granule calls again while the device is busy with queued work.
+handle per block by block size (does a call cost per call or per granule?), the
+per-granule calls again while the device is busy with queued work, and the event calls the
+pool and the engine make on every free and copy (create, record, query, destroy).
 
 vramswap maps and unmaps granules whenever a block is evicted or fetched, so these costs
 sit on the paths the copies' rate does not cover; cudasim models them from these figures.
@@ -173,6 +174,20 @@ def measure(cu, granules):
         cu("cuStreamDestroy_v2", stream)
         cu("cuMemFree_v2", scratch)
     res["busy"] = busy
+    # Events, as the pool and the engine use them on every free and copy: record on a stream,
+    # query (complete and not yet), destroy. The hot path queries pending frees' events.
+    events = {}
+    stream = ctypes.c_void_p()
+    if cu.try_call("cuStreamCreate", ctypes.byref(stream), 1):
+        n = 256
+        evs = [ctypes.c_void_p() for _ in range(n)]
+        events["cuEventCreate"] = summary(timed(lambda i: cu("cuEventCreate", ctypes.byref(evs[i]), 2), n))
+        events["cuEventRecord"] = summary(timed(lambda i: cu("cuEventRecord", evs[i], stream), n))
+        cu("cuStreamSynchronize", stream)
+        events["cuEventQuery_done"] = summary(timed(lambda i: cu("cuEventQuery", evs[i]), n))
+        events["cuEventDestroy"] = summary(timed(lambda i: cu("cuEventDestroy_v2", evs[i]), n))
+        cu("cuStreamDestroy_v2", stream)
+    res["events"] = events
     cu("cuMemAddressFree", base, ctypes.c_size_t(total))
     # Pinned host memory, as the host tier takes it.
     pinned = {}
@@ -197,6 +212,8 @@ def report(res):
         lines.append(f"  {key:22s} one call, one handle of all granules: {res[key]['median_us']:10.2f} us")
     for n, t in res["one_handle_by_granules"].items():
         lines.append(f"  one handle of {n:>4s} granules: " + ", ".join(f"{k} {v:.1f} us" for k, v in t.items()))
+    for key, st in res.get("events", {}).items():
+        lines.append(f"  {key:22s} median {st['median_us']:9.2f} us  mean {st['mean_us']:9.2f} us")
     if res["busy"]:
         lines.append("  while the device is busy" + ("" if res["busy"]["device_still_busy"] else " (it was done by the end)")
                      + ": " + ", ".join(f"{k} median {res['busy'][k]['median_us']:.1f} us"
