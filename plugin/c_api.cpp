@@ -236,7 +236,8 @@ int vramswap_unpack(uint64_t handle, struct CUstream_st* stream) noexcept {
   vramswap::clear_last_error();
   return guarded<int>(__func__, -1, [&] {
     const vramswap::residency::Status status = used_allocator().unpack(handle, stream);
-    return status.ok || !status.out_of_memory ? reported(status) : (reported(status), -2);
+    const int rc = reported(status);
+    return rc != 0 && status.out_of_memory ? -2 : rc;
   });
 }
 

@@ -204,12 +204,14 @@ class DevicePool::Impl {
   // the bytes missing, all the new ones when the device is full), and nothing newly
   // mapped, when the limit would be passed or the device is full.
   bool map_range(uintptr_t addr, uint64_t size, std::string* why, uint64_t* lacking);
-  // Unmaps granules that no live, pending or stream-tagged free block touches; their pages
-  // become spare (still owned, mapped again before any new page is created).
-  void unmap_unused();
-  // Unmaps up to `count` such granules outside [keep_first, keep_last], the highest first,
-  // their pages becoming spare; returns how many (Note [Taking only the pages needed]).
-  uint64_t unmap_unused(uint64_t count, uint64_t keep_first, uint64_t keep_last);
+  // Unmaps up to `count` granules that no live, pending or stream-tagged free block
+  // touches (granule_idle), outside [keep_first, keep_last] (none by default), the highest
+  // first; their pages become spare (still owned, mapped again before any new page is
+  // created). Returns how many (Note [Taking only the pages needed]).
+  uint64_t unmap_unused(uint64_t count, uint64_t keep_first = UINT64_MAX, uint64_t keep_last = 0);
+  // Unmaps granule `g`, its pages becoming spare. Throws cuda::CudaError, with the granule
+  // still mapped and counted. The caller holds a context scope of the device.
+  void unmap_granule(uint64_t g);
   // Releases every spare page back to the driver.
   void release_spare();
   // Pages map_range() took and could not use: created ones are released (kept as spare
@@ -519,24 +521,10 @@ void DevicePool::Impl::give_back(cuda::PhysicalPages pages, bool was_spare) {
   spare_.push_back(std::move(pages));
 }
 
-void DevicePool::Impl::unmap_unused() {
-  std::vector<bool> busy(granules_.size(), false);
-  for (auto& [addr, b] : blocks_) {
-    if (needs_no_pages(b)) continue;
-    for (uint64_t g = granule_index(addr), last = granule_index(addr + b.size - 1); g <= last; ++g) busy[g] = true;
-  }
-  std::unique_ptr<cuda::ContextScope> scope;
-  for (uint64_t g = 0; g < granules_.size(); ++g) {
-    if (busy[g] || !granules_[g].mapping) continue;
-    if (!scope) scope = std::make_unique<cuda::ContextScope>(device_);
-    try {
-      granules_[g].mapping.unmap();
-    } catch (const cuda::CudaError&) {
-      continue;  // CUDA refused: the granule stays mapped (and counted), to be tried again later
-    }
-    spare_.push_back(std::move(granules_[g].pages));
-    mapped_ -= granularity_;
-  }
+void DevicePool::Impl::unmap_granule(uint64_t g) {
+  granules_[g].mapping.unmap();
+  spare_.push_back(std::move(granules_[g].pages));
+  mapped_ -= granularity_;
 }
 
 // Note [Taking only the pages needed]
@@ -557,12 +545,10 @@ uint64_t DevicePool::Impl::unmap_unused(uint64_t count, uint64_t keep_first, uin
     if (!granules_[g].mapping || (g >= keep_first && g <= keep_last) || !granule_idle(g)) continue;
     if (!scope) scope = std::make_unique<cuda::ContextScope>(device_);
     try {
-      granules_[g].mapping.unmap();
+      unmap_granule(g);
     } catch (const cuda::CudaError&) {
       continue;  // CUDA refused: the granule stays mapped (and counted), to be tried again later
     }
-    spare_.push_back(std::move(granules_[g].pages));
-    mapped_ -= granularity_;
     ++done;
   }
   return done;
@@ -923,7 +909,7 @@ Result DevicePool::Impl::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
   for (uint64_t g = granule_index(b->first), last = granule_index(b->first + b->second.size - 1); g <= last; ++g) {
     if (!granules_[g].mapping || !granule_idle(g)) continue;  // shared with a block that needs it
     try {
-      granules_[g].mapping.unmap();
+      unmap_granule(g);
     } catch (const cuda::CudaError& e) {
       // That granule stays mapped. The block counts as away once any granule went (a later
       // map_block maps what is missing); with none gone nothing changed.
@@ -932,8 +918,6 @@ Result DevicePool::Impl::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
       if (freed) *freed = done * granularity_;
       return {false, "unmap of " + pointer_name(ptr) + ": " + e.what()};
     }
-    spare_.push_back(std::move(granules_[g].pages));
-    mapped_ -= granularity_;
     ++done;
   }
   if (freed) *freed = done * granularity_;
@@ -1109,7 +1093,7 @@ void DevicePool::Impl::empty_cache() {
   poll_pending();
   flush_quick();
   synchronize_and_retire(lock, kAnyStream);
-  unmap_unused();
+  unmap_unused(UINT64_MAX);
   release_spare();
 }
 

@@ -88,6 +88,17 @@ def preload_lines(**extra):
             if line.startswith("vramswap: error: VRAMSWAP_")]
 
 
+def same_as_preload(proc, what, count=None, **env):
+    """Checks that `proc` printed the "vramswap: error: VRAMSWAP_..." lines the preload prints
+    for `env` (all `count` of them when given); nothing without the preload library."""
+    preload = preload_lines(**env)
+    if preload is None:
+        return
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("vramswap: error: VRAMSWAP_")]
+    check(ours == preload and (count is None or len(ours) == count),
+          f"{what}: the error lines are the preload's, in its order ({preload} / {ours})")
+
+
 def stopped(proc, tmp, what, words):
     """Checks that a child stopped with status 2 before the script ran, saying `words`."""
     ran = (Path(tmp) / "ran").exists() or "the script ran" in proc.stdout
@@ -108,20 +119,13 @@ def case_run():
             proc = spawn(run, tmp, VRAMSWAP_LIMIT="lots", VRAMSWAP_TORCH_DEVICE=device)
             stopped(proc, tmp, f"{label}, VRAMSWAP_LIMIT=lots",
                     [f"vramswap: error: {LIMIT_ERROR}", "expected a size", "exit status 2"])
-            preload = preload_lines(VRAMSWAP_LIMIT="lots")
-            if preload is not None:
-                ours = [line for line in proc.stderr.splitlines() if line.startswith("vramswap: error: VRAMSWAP_")]
-                check(ours == preload, f"{label}: the error line is the preload's ({preload} / {ours})")
+            same_as_preload(proc, label, VRAMSWAP_LIMIT="lots")
 
         bad = dict(VRAMSWAP_LIMIT="lots", VRAMSWAP_HORIZON="many", VRAMSWAP_LOG="loud")
         proc = spawn(run, tmp, **bad)
         stopped(proc, tmp, "vramswap run with three bad values",
                 ["VRAMSWAP_HORIZON='many'", "VRAMSWAP_LOG='loud'", LIMIT_ERROR])
-        preload = preload_lines(**bad)
-        if preload is not None:
-            ours = [line for line in proc.stderr.splitlines() if line.startswith("vramswap: error: VRAMSWAP_")]
-            check(ours == preload and len(ours) == 3,
-                  f"vramswap run with three bad values: the preload's lines, in its order ({ours})")
+        same_as_preload(proc, "vramswap run with three bad values", count=3, **bad)
 
         proc = spawn(run, tmp, VRAMSWAP_LIMT="64MiB")
         check(proc.returncode == 0 and "the script ran" in proc.stdout
@@ -300,10 +304,7 @@ def case_conf():
             proc = spawn(run + ["script.py"], tmp, VRAMSWAP_CONF="limit:lots", VRAMSWAP_TORCH_DEVICE=device)
             stopped(proc, tmp, f"vramswap run{' (cpu-sim)' if device else ''}, VRAMSWAP_CONF=limit:lots",
                     [f"vramswap: error: {conf_error}", "expected a size", "exit status 2"])
-        preload = preload_lines(VRAMSWAP_CONF="limit:lots")
-        if preload is not None:
-            ours = [line for line in proc.stderr.splitlines() if line.startswith("vramswap: error: VRAMSWAP_")]
-            check(ours == preload, f"VRAMSWAP_CONF=limit:lots: the error line is the preload's ({preload} / {ours})")
+        same_as_preload(proc, "VRAMSWAP_CONF=limit:lots", VRAMSWAP_CONF="limit:lots")
 
 
 def case_keys():
