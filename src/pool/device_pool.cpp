@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -175,6 +176,28 @@ class DevicePool::Impl {
   // new mapping (Note [Placing for eviction]).
   BlockIt find_fit(uint64_t size, cudaStream_t stream, bool offloadable, bool aligned, uintptr_t* start,
                    bool strict = true);
+  // The part [*lo, *hi) of the free block at `addr` of `size` bytes that a block of kind
+  // `offloadable` on `stream` may use under find_fit's rules (`strict` as there); false when
+  // none.
+  bool usable_part(uintptr_t addr, uint64_t size, cudaStream_t stream, bool offloadable, bool strict, uintptr_t* lo,
+                   uintptr_t* hi) const;
+  // The place under find_fit's rules for a block of `size` whose granules need the fewest new
+  // mappings (*missing: how many), the smallest free block winning a tie, or end(); the
+  // same free blocks are looked at as find_fit looks at (Note [Placing on mapped pages]).
+  BlockIt find_mapped_fit(uint64_t size, cudaStream_t stream, bool offloadable, bool aligned, uintptr_t* start,
+                          bool strict, uint64_t* missing);
+  // How many granules under [addr, addr+size) are unmapped.
+  uint64_t unmapped_in(uintptr_t addr, uint64_t size) const {
+    uint64_t n = 0;
+    for (uint64_t g = granule_index(addr), last = granule_index(addr + size - 1); g <= last; ++g)
+      n += granules_[g].mapping ? 0 : 1;
+    return n;
+  }
+  // True when mapping `granules` more would take the pages of idle cached granules (none
+  // spare, the limit reached): each then costs an unmap as well as a map.
+  bool pages_scarce(uint64_t granules) const {
+    return spare_.size() + (limit_ > reserved_ ? (limit_ - reserved_) / granularity_ : 0) < granules;
+  }
   // Whether blocks are placed for eviction (Note [Placing for eviction] in device_pool.h):
   // under a limit below the card, once the pool has been refused memory, or past half its
   // limit.
@@ -338,6 +361,8 @@ class DevicePool::Impl {
   std::unordered_map<QuickKey, std::vector<BlockIt>, QuickKeyHash> quick_;
   uint64_t quick_blocks_ = 0;
   std::vector<cuda::PhysicalPages> spare_;  // owned pages mapped nowhere
+  uint64_t mapped_top_ = 0;                  // no granule from this index up has ever been mapped
+  uint64_t away_blocks_ = 0;                 // blocks whose `away` is set
   uint64_t mapped_ = 0;                      // bytes of mapped granules
   uint64_t peak_mapped_ = 0;
   Reclaimer reclaimer_;
@@ -393,13 +418,8 @@ DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t
       if (it == free_.end()) continue;
       for (auto fit = it->second.lower_bound({size, 0}); fit != it->second.end() && fit->first < best_size; ++fit) {
         if (pass < 2 && ++looked > kMappedFitLooks) break;
-        // Only the free block's first and last granules can hold live blocks (the rest lie
-        // inside it); a granule closed to this block is left out.
-        uintptr_t lo = fit->second, hi = fit->second + fit->first;
-        if (strict && closed_to(granule_index(lo), offloadable, stream))
-          lo = va_.base() + (granule_index(lo) + 1) * granularity_;
-        if (strict && hi > lo && closed_to(granule_index(hi - 1), offloadable, stream))
-          hi = va_.base() + granule_index(hi - 1) * granularity_;
+        uintptr_t lo = 0, hi = 0;
+        if (!usable_part(fit->second, fit->first, stream, offloadable, strict, &lo, &hi)) continue;
         if (aligned) lo = round_up(lo, granularity_);
         // A small offloadable block placed for eviction lies within one granule: fetching it
         // back then needs one page, not two.
@@ -424,6 +444,64 @@ DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t
     if (best != blocks_.end()) return best;
   }
   return blocks_.end();
+}
+
+bool DevicePool::Impl::usable_part(uintptr_t addr, uint64_t size, cudaStream_t stream, bool offloadable,
+                                   bool strict, uintptr_t* lo, uintptr_t* hi) const {
+  // Only the free block's first and last granules can hold live blocks (the rest lie
+  // inside it); a granule closed to this block is left out.
+  *lo = addr;
+  *hi = addr + size;
+  if (strict && closed_to(granule_index(*lo), offloadable, stream))
+    *lo = va_.base() + (granule_index(*lo) + 1) * granularity_;
+  if (strict && *hi > *lo && closed_to(granule_index(*hi - 1), offloadable, stream))
+    *hi = va_.base() + granule_index(*hi - 1) * granularity_;
+  return *hi > *lo;
+}
+
+DevicePool::Impl::BlockIt DevicePool::Impl::find_mapped_fit(uint64_t size, cudaStream_t stream, bool offloadable,
+                                                            bool aligned, uintptr_t* start, bool strict,
+                                                            uint64_t* missing) {
+  BlockIt best = blocks_.end();
+  uint64_t best_missing = UINT64_MAX, best_size = UINT64_MAX;
+  std::vector<uint32_t> unmapped_below;  // per granule of the part looked at: unmapped ones before it
+  for (cudaStream_t tag : {stream, kAnyStream}) {
+    auto it = free_.find(tag);
+    if (it == free_.end()) continue;
+    size_t looked = 0;
+    for (auto fit = it->second.lower_bound({size, 0}); fit != it->second.end() && best_missing > 0; ++fit) {
+      if (++looked > kMappedFitLooks) break;
+      uintptr_t lo = 0, hi = 0;
+      if (!usable_part(fit->second, fit->first, stream, offloadable, strict, &lo, &hi)) continue;
+      if (aligned) lo = round_up(lo, granularity_);
+      if (hi <= lo || hi - lo < size) continue;
+      // No granule at or above mapped_top_ is mapped: a place starting there needs all new.
+      const uint64_t g_lo = granule_index(lo);
+      if (g_lo >= mapped_top_) continue;
+      const uintptr_t last_start = std::min(hi - size, va_.base() + mapped_top_ * granularity_);
+      const uint64_t g_hi = granule_index(last_start + size - 1);
+      unmapped_below.assign(g_hi - g_lo + 2, 0);
+      for (uint64_t g = g_lo; g <= g_hi; ++g)
+        unmapped_below[g - g_lo + 1] = unmapped_below[g - g_lo] + (granules_[g].mapping ? 0 : 1);
+      // The block may start at the part's start or at any granule boundary after it.
+      auto consider = [&](uintptr_t s) {
+        const uint64_t m =
+            unmapped_below[granule_index(s + size - 1) - g_lo + 1] - unmapped_below[granule_index(s) - g_lo];
+        if (m < best_missing || (m == best_missing && fit->first < best_size)) {
+          best_missing = m;
+          best_size = fit->first;
+          best = blocks_.find(fit->second);
+          *start = s;
+        }
+      };
+      consider(lo);
+      for (uintptr_t s = va_.base() + (g_lo + 1) * granularity_; s <= last_start && best_missing > 0;
+           s += granularity_)
+        consider(s);
+    }
+  }
+  *missing = best_missing;
+  return best;
 }
 
 void DevicePool::Impl::count_on_granules(uintptr_t addr, uint64_t size, int row, int delta) {
@@ -482,6 +560,7 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
         throw;
       }
       granules_[g].pages = std::move(pages);
+      mapped_top_ = std::max(mapped_top_, g + 1);
       mapped_now.emplace_back(g, recycled);
       mapped_ += granularity_;
     } catch (const cuda::CudaError& e) {
@@ -538,6 +617,33 @@ void DevicePool::Impl::unmap_granule(uint64_t g) {
 // (~40 us) and each unmapped a cuMemUnmap (~25 us), on the allocating thread
 // (cuda/host_time.h, CUDASIM_HOST_COSTS). The highest granules go first: the lowest hold
 // what is placed first and reused most.
+// Note [Placing on mapped pages]
+// -------------------------------
+// Best fit chooses by size alone. At the limit, the hole it picks is often one whose pages
+// were given up (an evicted block freed, a cached granule unmapped for another request)
+// while a larger cached block still has its pages mapped: the block then maps a fresh
+// granule for each it covers, taking the pages of idle cached ones, which the next
+// request's best fit may pick again. A training step at 90% of its peak so mapped and
+// unmapped ~2,650 granules a step where its evictions moved 288; on a GPU each costs
+// cuMemMap + cuMemSetAccess and cuMemUnmap, on the allocating thread (~40 + 25 us on an idle
+// H100, more on a busy one: cuda/host_time.h). So when a block of half a granule or more
+// cannot be given new pages without taking a cached granule's (pages_scarce), the place
+// needing the fewest new mappings among the free blocks find_fit looks at is compared with
+// best fit's, and taken when it saves at least half the block's granules: a smaller saving
+// is not worth the larger free block it splits (tried with any saving: a replayed LM step
+// spent its cached holes on blocks of a few granules and waited 27 ms more for fetches).
+// Not while a block is away (evicted, not yet back): the fetches that bring it back take
+// the pages of blocks the program's stream freed, which only a synchronization of that
+// stream frees for them, and best fit's places at the limit have the allocation make it
+// (kSynchronizeStream); placed on the mapped pages instead, allocations stopped making it,
+// and fetches waited (GPT-2 small at 75%: first step 131 -> 150 ms; a replayed LM step
+// 154 -> 181 ms). Tried and not kept: promoting large frees (deallocate_to_any's event) so
+// that fetches could take those pages anyway: fetches ahead then filled memory backward
+// needed (VGG-16 at batch 128 and 75%: 1.017 -> 1.175 of the bound).
+// With CUDASIM_HOST_COSTS=h100, `vramswap bench all`'s geometric mean of step/bound went from
+// 3.34 to 3.11 (GPT-2 small at 90%: 4.60 to 2.36, ~2,850 granules mapped and unmapped a step
+// to ~2,130); without host costs 1.0361 to 1.0384 at warm-up 2 (no row within 1.05 of the
+// bound left it; VGG-16 at batch 128 and 75% 1.017 -> 1.044) and 1.0384 to 1.0365 at warm-up 1.
 uint64_t DevicePool::Impl::unmap_unused(uint64_t count, uint64_t keep_first, uint64_t keep_last) {
   uint64_t done = 0;
   std::unique_ptr<cuda::ContextScope> scope;
@@ -573,6 +679,7 @@ void DevicePool::Impl::release_block(BlockIt b, cudaStream_t tag, uint64_t seria
   b->second.state = State::kFree;
   b->second.tag = tag;
   b->second.also_on.clear();
+  if (b->second.away) --away_blocks_;
   b->second.away = false;  // a free block's contents are no one's
   // Every release to a stream gets a fresh serial, and a merged block carries the latest:
   // only that release's promotion event (the latest on the stream, so it covers the
@@ -873,6 +980,19 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
   auto place = [&](bool strict) -> void* {
     uintptr_t start = 0;
     BlockIt b = find_fit(rounded, stream, offloadable, aligned, &start, strict);
+    // Note [Placing on mapped pages]
+    const uint64_t granules = (rounded + granularity_ - 1) / granularity_;
+    if (b != blocks_.end() && rounded >= granularity_ / 2 && grouping() && pages_scarce(granules + !aligned) &&
+        away_blocks_ == 0) {
+      const uint64_t missing = unmapped_in(start, rounded);
+      uintptr_t other = 0;
+      uint64_t other_missing = 0;
+      BlockIt c = find_mapped_fit(rounded, stream, offloadable, aligned, &other, strict, &other_missing);
+      if (c != blocks_.end() && other_missing < missing && 2 * (missing - other_missing) >= granules) {
+        b = c;
+        start = other;
+      }
+    }
     if (b == blocks_.end()) {
       why = "the pool's address range";
       return nullptr;
@@ -905,6 +1025,7 @@ Result DevicePool::Impl::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
   if (b->second.away) return {false, "unmap of " + pointer_name(ptr) + ": already given up (unmapped)"};
   cuda::ContextScope scope(device_);
   b->second.away = true;  // so that granule_idle() sees its own granules as free of it
+  ++away_blocks_;
   uint64_t done = 0;
   for (uint64_t g = granule_index(b->first), last = granule_index(b->first + b->second.size - 1); g <= last; ++g) {
     if (!granules_[g].mapping || !granule_idle(g)) continue;  // shared with a block that needs it
@@ -914,6 +1035,7 @@ Result DevicePool::Impl::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
       // That granule stays mapped. The block counts as away once any granule went (a later
       // map_block maps what is missing); with none gone nothing changed.
       b->second.away = done > 0;
+      if (done == 0) --away_blocks_;
       if (partly) *partly = done > 0;
       if (freed) *freed = done * granularity_;
       return {false, "unmap of " + pointer_name(ptr) + ": " + e.what()};
@@ -944,6 +1066,7 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait, cudaStream_t stream)
     uint64_t lacking = 0;
     if (map_range(addr, size, &why, &lacking)) {
       blocks_.at(addr).away = false;
+      --away_blocks_;
       return {};
     }
     if (step > 0 && kSteps[step - 1] == Relief::kDrainPending && waiting()) --step;  // the next oldest
@@ -1139,7 +1262,7 @@ std::string DevicePool::Impl::check_invariants() const {
     if (!holds && broken.size() < 16) broken.push_back(what);
   };
   uintptr_t at = va_.base();
-  uint64_t live = 0, quick = 0, free_blocks = 0;
+  uint64_t live = 0, quick = 0, free_blocks = 0, away = 0;
   std::vector<uintptr_t> needs_pages(granules_.size(), 0);  // a block that needs them
   std::vector<uint32_t> live_on[2];
   for (auto& counts : live_on) counts.assign(granules_.size(), 0);
@@ -1155,6 +1278,7 @@ std::string DevicePool::Impl::check_invariants() const {
         ++live_on[b.offloadable][g];
     }
     if (b.state == State::kQuick) ++quick;
+    if (b.away) ++away;
     if (b.state == State::kFree) {
       ++free_blocks;
       auto index = free_.find(b.tag);
@@ -1174,6 +1298,8 @@ std::string DevicePool::Impl::check_invariants() const {
   expect(at == va_.base() + va_.size(), "the blocks do not cover the reservation");
   expect(live == allocated_, "allocated_bytes " + std::to_string(allocated_) + " but live blocks hold " +
                                  std::to_string(live));
+  expect(away == away_blocks_, "the pool counts " + std::to_string(away_blocks_) + " blocks away, " +
+                                  std::to_string(away) + " are");
   expect(quick == quick_blocks_, "quick lists count " + std::to_string(quick_blocks_) + " blocks, " +
                                      std::to_string(quick) + " are quick-listed");
   uint64_t indexed = 0;

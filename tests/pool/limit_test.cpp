@@ -158,6 +158,73 @@ TEST_F(LimitOfEight, ARequestAtTheLimitUnmapsOnlyTheCachedGranulesItNeeds) {
   for (int i : {1, 3, 5, 6, 7}) deallocate(blocks[i]);
 }
 
+// Note [Placing on mapped pages]: at the limit, a block that best fit would put into a hole
+// whose pages were given up goes instead where its granules are still mapped (a larger
+// cached block), so that no page changes place: on a GPU each granule mapped costs
+// cuMemMap + cuMemSetAccess, and one taken from a cached granule a cuMemUnmap as well.
+TEST_F(LimitOfEight, AtTheLimitABlockGoesWhereItsPagesAreStillMapped) {
+  SKIP_UNLESS_CUDASIM();
+  const size_t g = granularity();
+  ASSERT_EQ(2 * kMiB, g);
+  std::string error;
+  void* x = pool().allocate_offloadable(3 * g, stream_, &error);  // granules 0-2, its own
+  ASSERT_NE(nullptr, x) << error;
+  void* b = allocate(g);      // granule 3: keeps the two holes apart
+  void* y = allocate(4 * g);  // granules 4-7: the limit reached
+  ASSERT_NE(nullptr, b);
+  ASSERT_NE(nullptr, y);
+  ASSERT_TRUE(pool().unmap_block(x).ok);  // given up: its three pages become spare
+  deallocate(x);                          // a hole of three unmapped granules
+  deallocate(y);                          // four cached granules, mapped
+  const uint64_t mapped = sim_counters()->mapped_bytes;
+  ASSERT_EQ(10 * kMiB, mapped);
+
+  void* z = allocate(3 * g);  // best fit by size: the hole, whose pages would be mapped again
+  ASSERT_NE(nullptr, z);
+  EXPECT_EQ(y, z) << "placed on the cached granules instead of the unmapped hole";
+  EXPECT_EQ(mapped, sim_counters()->mapped_bytes) << "no page mapped";
+  EXPECT_EQ(16 * kMiB, stats().reserved_bytes);
+  EXPECT_TRUE(round_trip(z, 3 * g, 9));
+  EXPECT_EQ("", pool().check_invariants());
+  deallocate(z);
+  deallocate(b);
+}
+
+// ... but not while a block is away: the fetches that bring it back need the pages of the
+// blocks the stream freed, and best fit's places at the limit have the stream synchronized
+// for them (Note [Placing on mapped pages]).
+TEST_F(LimitOfEight, WhileABlockIsAwayBestFitPlacesTheBlock) {
+  SKIP_UNLESS_CUDASIM();
+  const size_t g = granularity();
+  ASSERT_EQ(2 * kMiB, g);
+  std::string error;
+  void* x = pool().allocate_offloadable(3 * g, stream_, &error);  // granules 0-2
+  ASSERT_NE(nullptr, x) << error;
+  void* w = pool().allocate_offloadable(g, stream_, &error);  // granule 3
+  ASSERT_NE(nullptr, w) << error;
+  void* y = allocate(3 * g);  // granules 4-6
+  void* c = allocate(g);      // granule 7: the limit reached
+  ASSERT_NE(nullptr, y);
+  ASSERT_NE(nullptr, c);
+  ASSERT_TRUE(pool().unmap_block(w).ok);  // away, and stays so
+  void* d = allocate(g);                  // takes w's page
+  ASSERT_NE(nullptr, d);
+  ASSERT_TRUE(pool().unmap_block(x).ok);
+  deallocate(x);  // a hole of three unmapped granules, its pages spare
+  deallocate(y);  // three cached granules, mapped
+  const uint64_t mapped = sim_counters()->mapped_bytes;
+
+  void* z = allocate(3 * g - 4096);  // not y's size: no quick-list hit
+  ASSERT_NE(nullptr, z);
+  EXPECT_EQ(x, z) << "best fit's place, the hole";
+  EXPECT_EQ(mapped + 3 * g, sim_counters()->mapped_bytes) << "the spare pages mapped under it";
+  EXPECT_EQ(16 * kMiB, stats().reserved_bytes);
+  EXPECT_TRUE(round_trip(z, 3 * g - 4096, 3));
+  EXPECT_EQ("", pool().check_invariants());
+  for (void* p : {z, c, d}) deallocate(p);
+  EXPECT_TRUE(pool().deallocate(w, stream_).ok);
+}
+
 // The allocating stream is alive, so the blocks it freed itself can be made usable by
 // synchronizing just that stream: at the limit their granules are unmapped for the request
 // without waiting for another stream's work (a device synchronization would wait for it:
