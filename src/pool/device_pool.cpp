@@ -18,7 +18,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <map>
-#include <optional>
 #include <mutex>
 #include <set>
 #include <unordered_map>
