@@ -47,6 +47,26 @@ class Capture : public ::testing::Test {
   Stream stream_{cudaStreamNonBlocking};
 };
 
+// cudaErrorCapturedEvent (907): "The operation is not permitted on an event which was last
+// recorded in a capturing stream." A query or synchronization of such an event gets that
+// code, during the capture and after it, until the event is recorded outside a capture.
+TEST_F(Capture, AnEventLastRecordedInACaptureCannotBeQueriedOrAwaited) {
+  cudaEvent_t event = nullptr;
+  ASSERT_CUDA_OK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  ASSERT_CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  ASSERT_CUDA_OK(cudaEventRecord(event, stream_));
+  EXPECT_EQ(cudaErrorCapturedEvent, cudaEventQuery(event));
+  EXPECT_EQ(cudaErrorCapturedEvent, cudaEventSynchronize(event));
+  cudaGraph_t graph = nullptr;
+  ASSERT_CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+  EXPECT_EQ(cudaErrorCapturedEvent, cudaEventQuery(event)) << "still last recorded in a capture";
+  ASSERT_CUDA_OK(cudaEventRecord(event, stream_));
+  EXPECT_CUDA_OK(cudaEventSynchronize(event));
+  EXPECT_CUDA_OK(cudaEventQuery(event));
+  EXPECT_CUDA_OK(cudaGraphDestroy(graph));
+  EXPECT_CUDA_OK(cudaEventDestroy(event));
+}
+
 TEST_F(Capture, IsCapturingIsActiveBetweenBeginAndEnd) {
   EXPECT_EQ(cudaStreamCaptureStatusNone, capture_status());
   ASSERT_CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));

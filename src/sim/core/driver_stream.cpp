@@ -393,7 +393,7 @@ CUresult cuEventQuery(CUevent e) {
   StreamPoint p;
   {
     std::lock_guard lock(e->mu);
-    if (e->captured_in) return call.ret(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    if (e->captured_in) return call.ret(CUDA_ERROR_CAPTURED_EVENT);  // last recorded in a capture
     p = e->point;
   }
   return call.ret(p.host_query() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
@@ -406,7 +406,7 @@ CUresult cuEventSynchronize(CUevent e) {
   StreamPoint p;
   {
     std::lock_guard lock(e->mu);
-    if (e->captured_in) return call.ret(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    if (e->captured_in) return call.ret(CUDA_ERROR_CAPTURED_EVENT);  // last recorded in a capture
     p = e->point;
   }
   p.host_wait();
