@@ -181,8 +181,9 @@ class DevicePool::Impl {
   bool usable_part(uintptr_t addr, uint64_t size, cudaStream_t stream, bool offloadable, bool strict, uintptr_t* lo,
                    uintptr_t* hi) const;
   // The place under find_fit's rules for a block of `size` whose granules need the fewest new
-  // mappings (*missing: how many), the smallest free block winning a tie, or end(); the
-  // same free blocks are looked at as find_fit looks at (Note [Placing on mapped pages]).
+  // mappings (*missing: how many), the smallest free block winning a tie, or end(); like
+  // find_fit's searches on mapped granules, it looks at kMappedFitLooks free blocks per tag
+  // at most (Note [Placing on mapped pages]).
   BlockIt find_mapped_fit(uint64_t size, cudaStream_t stream, bool offloadable, bool aligned, uintptr_t* start,
                           bool strict, uint64_t* missing);
   // How many granules under [addr, addr+size) are unmapped.
@@ -458,6 +459,33 @@ bool DevicePool::Impl::usable_part(uintptr_t addr, uint64_t size, cudaStream_t s
   return *hi > *lo;
 }
 
+// Note [Placing on mapped pages]
+// -------------------------------
+// Best fit chooses by size alone. At the limit, the hole it picks is often one whose pages
+// were given up (an evicted block freed, a cached granule unmapped for another request)
+// while a larger cached block still has its pages mapped: the block then maps a fresh
+// granule for each it covers, taking the pages of idle cached ones, which the next
+// request's best fit may pick again. A training step at 90% of its peak so mapped and
+// unmapped ~2,650 granules a step where its evictions moved 288; on a GPU each costs
+// cuMemMap + cuMemSetAccess and cuMemUnmap, on the allocating thread (~40 + 25 us on an idle
+// H100, more on a busy one: cuda/host_time.h). So when a block of half a granule or more
+// cannot be given new pages without taking a cached granule's (pages_scarce), the place
+// needing the fewest new mappings among the free blocks find_fit looks at is compared with
+// best fit's, and taken when it saves at least half the block's granules: a smaller saving
+// is not worth the larger free block it splits (tried with any saving: a replayed LM step
+// spent its cached holes on blocks of a few granules and waited 27 ms more for fetches).
+// Not while a block is away (evicted, not yet back): the fetches that bring it back take
+// the pages of blocks the program's stream freed, which only a synchronization of that
+// stream frees for them, and best fit's places at the limit have the allocation make it
+// (kSynchronizeStream); placed on the mapped pages instead, allocations stopped making it,
+// and fetches waited (GPT-2 small at 75%: first step 131 -> 150 ms; a replayed LM step
+// 154 -> 181 ms). Tried and not kept: promoting large frees (deallocate_to_any's event) so
+// that fetches could take those pages anyway: fetches ahead then filled memory backward
+// needed (VGG-16 at batch 128 and 75%: 1.017 -> 1.175 of the bound).
+// With CUDASIM_HOST_COSTS=h100, `vramswap bench all`'s geometric mean of step/bound went from
+// 3.34 to 3.11 (GPT-2 small at 90%: 4.60 to 2.36, ~2,850 granules mapped and unmapped a step
+// to ~2,130); without host costs 1.0361 to 1.0384 at warm-up 2 (no row within 1.05 of the
+// bound left it; VGG-16 at batch 128 and 75% 1.017 -> 1.044) and 1.0384 to 1.0365 at warm-up 1.
 DevicePool::Impl::BlockIt DevicePool::Impl::find_mapped_fit(uint64_t size, cudaStream_t stream, bool offloadable,
                                                             bool aligned, uintptr_t* start, bool strict,
                                                             uint64_t* missing) {
@@ -523,8 +551,7 @@ bool DevicePool::Impl::granule_idle(uint64_t g) const {
 
 bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why, uint64_t* lacking) {
   const uint64_t first = granule_index(addr), last = granule_index(addr + size - 1);
-  uint64_t missing = 0;
-  for (uint64_t g = first; g <= last; ++g) missing += granules_[g].mapping ? 0 : 1;
+  const uint64_t missing = unmapped_in(addr, size);
   if (missing == 0) return true;
   uint64_t created = missing > spare_.size() ? missing - spare_.size() : 0;
   if (created > 0 && reserved_ + created * granularity_ > limit_) {
@@ -616,33 +643,6 @@ void DevicePool::Impl::unmap_granule(uint64_t g) {
 // (~40 us) and each unmapped a cuMemUnmap (~25 us), on the allocating thread
 // (cuda/host_time.h, CUDASIM_HOST_COSTS). The highest granules go first: the lowest hold
 // what is placed first and reused most.
-// Note [Placing on mapped pages]
-// -------------------------------
-// Best fit chooses by size alone. At the limit, the hole it picks is often one whose pages
-// were given up (an evicted block freed, a cached granule unmapped for another request)
-// while a larger cached block still has its pages mapped: the block then maps a fresh
-// granule for each it covers, taking the pages of idle cached ones, which the next
-// request's best fit may pick again. A training step at 90% of its peak so mapped and
-// unmapped ~2,650 granules a step where its evictions moved 288; on a GPU each costs
-// cuMemMap + cuMemSetAccess and cuMemUnmap, on the allocating thread (~40 + 25 us on an idle
-// H100, more on a busy one: cuda/host_time.h). So when a block of half a granule or more
-// cannot be given new pages without taking a cached granule's (pages_scarce), the place
-// needing the fewest new mappings among the free blocks find_fit looks at is compared with
-// best fit's, and taken when it saves at least half the block's granules: a smaller saving
-// is not worth the larger free block it splits (tried with any saving: a replayed LM step
-// spent its cached holes on blocks of a few granules and waited 27 ms more for fetches).
-// Not while a block is away (evicted, not yet back): the fetches that bring it back take
-// the pages of blocks the program's stream freed, which only a synchronization of that
-// stream frees for them, and best fit's places at the limit have the allocation make it
-// (kSynchronizeStream); placed on the mapped pages instead, allocations stopped making it,
-// and fetches waited (GPT-2 small at 75%: first step 131 -> 150 ms; a replayed LM step
-// 154 -> 181 ms). Tried and not kept: promoting large frees (deallocate_to_any's event) so
-// that fetches could take those pages anyway: fetches ahead then filled memory backward
-// needed (VGG-16 at batch 128 and 75%: 1.017 -> 1.175 of the bound).
-// With CUDASIM_HOST_COSTS=h100, `vramswap bench all`'s geometric mean of step/bound went from
-// 3.34 to 3.11 (GPT-2 small at 90%: 4.60 to 2.36, ~2,850 granules mapped and unmapped a step
-// to ~2,130); without host costs 1.0361 to 1.0384 at warm-up 2 (no row within 1.05 of the
-// bound left it; VGG-16 at batch 128 and 75% 1.017 -> 1.044) and 1.0384 to 1.0365 at warm-up 1.
 uint64_t DevicePool::Impl::unmap_unused(uint64_t count, uint64_t keep_first, uint64_t keep_last) {
   uint64_t done = 0;
   std::unique_ptr<cuda::ContextScope> scope;
