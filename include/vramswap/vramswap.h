@@ -157,6 +157,9 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * host_vmm_ns (host time in CUDA's virtual memory calls: creating, mapping with access,
  * unmapping and releasing pages; on a GPU each 2 MiB granule given pages or taken them
  * costs tens of microseconds), host_pin_ns (host time pinning and unpinning host memory),
+ * host_vmm_mapped_bytes, host_vmm_unmapped_bytes, host_vmm_created_bytes,
+ * host_vmm_released_bytes (what the VMM calls did: bytes given pages by cuMemMap, taken
+ * them by cuMemUnmap, bytes of pages created by cuMemCreate and released by cuMemRelease),
  * all process-wide, then "devices": an array with one object per
  * device that has a pool ({"device": ordinal, the same 33 keys, num_free_blocks,
  * va_reserved_bytes}). Thread-safe; a reading taken during allocations on other threads

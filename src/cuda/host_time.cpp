@@ -8,6 +8,7 @@ namespace vramswap::cuda {
 namespace {
 
 std::atomic<uint64_t> g_sums[3];
+std::atomic<uint64_t> g_vmm_bytes[4];
 
 uint64_t now_ns() {
   return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -22,7 +23,15 @@ HostTimes host_times() {
   t.wait_ns = g_sums[int(HostTime::kWait)].load(std::memory_order_relaxed);
   t.vmm_ns = g_sums[int(HostTime::kVmm)].load(std::memory_order_relaxed);
   t.pin_ns = g_sums[int(HostTime::kPin)].load(std::memory_order_relaxed);
+  t.vmm_created_bytes = g_vmm_bytes[int(VmmCall::kCreate)].load(std::memory_order_relaxed);
+  t.vmm_mapped_bytes = g_vmm_bytes[int(VmmCall::kMap)].load(std::memory_order_relaxed);
+  t.vmm_unmapped_bytes = g_vmm_bytes[int(VmmCall::kUnmap)].load(std::memory_order_relaxed);
+  t.vmm_released_bytes = g_vmm_bytes[int(VmmCall::kRelease)].load(std::memory_order_relaxed);
   return t;
+}
+
+void count_vmm_bytes(VmmCall call, uint64_t bytes) {
+  g_vmm_bytes[int(call)].fetch_add(bytes, std::memory_order_relaxed);
 }
 
 TimedCall::TimedCall(HostTime what) : what_(what), start_ns_(now_ns()) {}

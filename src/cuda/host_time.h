@@ -7,7 +7,10 @@
 // H100 (tests/gpu/vmm_cost.py, bench/results/vmm-2026-11-26-h100.json), giving one 2 MiB
 // granule its pages and access costs ~40-60 us and taking them away ~25-45 us, on the
 // calling thread, and pinning costs ~0.6 ms per MiB. They are reported in the statistics
-// (host_wait_ns, host_vmm_ns, host_pin_ns), so that a slow step can be read.
+// (host_wait_ns, host_vmm_ns, host_pin_ns), so that a slow step can be read, with what the
+// VMM time bought in bytes (pages created, mapped, unmapped, released): the time over the
+// bytes says what each granule cost, the bytes over a step's evictions how much of the
+// remapping the evictions needed.
 //
 // Thread-safe: relaxed atomic sums; a reading is a snapshot of each.
 #pragma once
@@ -22,10 +25,19 @@ struct HostTimes {
   uint64_t wait_ns = 0;
   uint64_t vmm_ns = 0;
   uint64_t pin_ns = 0;
+  uint64_t vmm_created_bytes = 0;   // cuMemCreate
+  uint64_t vmm_mapped_bytes = 0;    // cuMemMap (with its cuMemSetAccess)
+  uint64_t vmm_unmapped_bytes = 0;  // cuMemUnmap
+  uint64_t vmm_released_bytes = 0;  // cuMemRelease
 };
+
+enum class VmmCall { kCreate, kMap, kUnmap, kRelease };
 
 // The sums so far.
 HostTimes host_times();
+
+// Adds `bytes` to what `call` has done (called once the call succeeded).
+void count_vmm_bytes(VmmCall call, uint64_t bytes);
 
 // Adds the time from its construction to its destruction to one of the sums.
 class TimedCall {

@@ -38,6 +38,7 @@ PhysicalPages::PhysicalPages(int device, uint64_t size) : size_(size), device_(d
   prop.location.id = device;
   TimedCall timed(HostTime::kVmm);
   VRAMSWAP_CU(cuMemCreate(&handle_, size, &prop, 0));
+  count_vmm_bytes(VmmCall::kCreate, size);
 }
 PhysicalPages::~PhysicalPages() { reset(); }
 PhysicalPages::PhysicalPages(PhysicalPages&& o) noexcept
@@ -55,13 +56,14 @@ void PhysicalPages::release() {
   if (!handle_) return;
   TimedCall timed(HostTime::kVmm);
   VRAMSWAP_CU(cuMemRelease(handle_));
+  count_vmm_bytes(VmmCall::kRelease, size_);
   handle_ = 0;
   size_ = 0;
 }
 void PhysicalPages::reset() noexcept {
   if (handle_) {
     TimedCall timed(HostTime::kVmm);
-    cuMemRelease(handle_);
+    if (cuMemRelease(handle_) == CUDA_SUCCESS) count_vmm_bytes(VmmCall::kRelease, size_);
   }
   handle_ = 0;
   size_ = 0;
@@ -87,6 +89,7 @@ Mapping::Mapping(uintptr_t address, const PhysicalPages& pages) {
                                   "unmapped again: it stays mapped)",
                        __FILE__, __LINE__);
   }
+  count_vmm_bytes(VmmCall::kMap, pages.size());
   address_ = address;
   size_ = pages.size();
 }
@@ -104,13 +107,14 @@ void Mapping::unmap() {
   if (!size_) return;
   TimedCall timed(HostTime::kVmm);
   VRAMSWAP_CU(cuMemUnmap(address_, size_));
+  count_vmm_bytes(VmmCall::kUnmap, size_);
   address_ = 0;
   size_ = 0;
 }
 void Mapping::reset() noexcept {
   if (size_) {
     TimedCall timed(HostTime::kVmm);
-    cuMemUnmap(address_, size_);
+    if (cuMemUnmap(address_, size_) == CUDA_SUCCESS) count_vmm_bytes(VmmCall::kUnmap, size_);
   }
   address_ = 0;
   size_ = 0;

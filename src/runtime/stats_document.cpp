@@ -79,6 +79,10 @@ std::string stats_document(const std::vector<DeviceStats>& devices, uint64_t num
   json.field("host_wait_ns", host_times.wait_ns);
   json.field("host_vmm_ns", host_times.vmm_ns);
   json.field("host_pin_ns", host_times.pin_ns);
+  json.field("host_vmm_mapped_bytes", host_times.vmm_mapped_bytes);
+  json.field("host_vmm_unmapped_bytes", host_times.vmm_unmapped_bytes);
+  json.field("host_vmm_created_bytes", host_times.vmm_created_bytes);
+  json.field("host_vmm_released_bytes", host_times.vmm_released_bytes);
   json.begin_array("devices");
   for (const DeviceStats& d : devices) {
     json.begin_object().field("device", d.device);

@@ -103,7 +103,10 @@ VRAMSWAP_COUNTERS = ("num_evictions", "num_prefetches", "num_faults", "num_late_
                      # planned eviction (VRAMSWAP_PLAN): the timed steps repeat the warm-up's
                      "num_planned_steps", "num_plan_divergences", "num_plan_backoffs", "planned_bytes_d2h",
                      # where the host's time went (process-wide): waiting for the device, VMM calls, pinning
-                     "host_wait_ns", "host_vmm_ns", "host_pin_ns")
+                     "host_wait_ns", "host_vmm_ns", "host_pin_ns",
+                     # what the VMM calls did, in bytes
+                     "host_vmm_mapped_bytes", "host_vmm_unmapped_bytes", "host_vmm_created_bytes",
+                     "host_vmm_released_bytes")
 PASSED_ENV = ("VRAMSWAP_LIBRARY", "VRAMSWAP_CUDASIM_DIR", "VRAMSWAP_CACHE_DIR",
               "VRAMSWAP_TORCH_EXT", "VRAMSWAP_TORCH_EXT_CUDA", "VRAMSWAP_LOG")
 DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")  # the two settings cuBLAS documents as deterministic
@@ -697,8 +700,8 @@ def markdown(report):
     lines.append(f"- command: `{report['command']}`")
     lines += ["", "| mode | status | limit | peak allocated | peak reserved | median step | vs torch "
               "| evictions/step | prefetches/step | faults/step | evicted/step | prefetched/step "
-              "| host wait/step | VMM calls/step | identical to torch |",
-              "| --- " * 15 + "|"]
+              "| host wait/step | VMM calls/step | mapped/step | identical to torch |",
+              "| --- " * 16 + "|"]
     base = next((r.get("median_step_s") for r in report["modes"] if r["mode"] == "torch"), None)
     for r in report["modes"]:
         ok = r["status"] == "ok"
@@ -719,6 +722,7 @@ def markdown(report):
             *(fmt_bytes(per[k]) if k in per else "-"
               for k in ("bytes_evicted_total", "bytes_prefetched_total")),
             *(fmt_seconds(per[k] / 1e9) if k in per else "-" for k in ("host_wait_ns", "host_vmm_ns")),
+            fmt_bytes(per["host_vmm_mapped_bytes"]) if "host_vmm_mapped_bytes" in per else "-",
             "(reference)" if r["mode"] == "torch" else ident,
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -728,7 +732,8 @@ def markdown(report):
               "addresses). Offload limits are a percentage of the vramswap mode's peak reserved bytes; "
               "vramswap's counters are per timed step; host wait and VMM calls are the host time "
               "vramswap's calls spent waiting for the device and in CUDA's virtual memory calls "
-              "(host_wait_ns, host_vmm_ns). \"identical\": every step's loss and every "
+              "(host_wait_ns, host_vmm_ns), mapped the bytes given pages by cuMemMap "
+              "(host_vmm_mapped_bytes). \"identical\": every step's loss and every "
               "gradient bit-identical (sha256) to the torch mode's.", ""]
     lines += copies_markdown(report.get("copies") or {})
     lines += vmm_markdown(report.get("vmm") or {})

@@ -435,7 +435,9 @@ std::vector<std::string> json_total_keys(const std::string& json) {
 
 // The statistics that are the process's, not a device's: they come once, after the totals.
 bool is_process_wide(std::string_view key) {
-  return key == "num_invalid_frees" || key == "host_wait_ns" || key == "host_vmm_ns" || key == "host_pin_ns";
+  return key == "num_invalid_frees" || key == "host_wait_ns" || key == "host_vmm_ns" || key == "host_pin_ns" ||
+         key == "host_vmm_mapped_bytes" || key == "host_vmm_unmapped_bytes" || key == "host_vmm_created_bytes" ||
+         key == "host_vmm_released_bytes";
 }
 
 // vramswap.h's list of the statistics keys is the document's, in its order: a counter added
@@ -846,7 +848,11 @@ TEST_F(Plugin, StatsJsonHasTheEngineKeysInTotalsAndPerDevice) {
                         "num_invalid_frees",
                         "host_wait_ns",
                         "host_vmm_ns",
-                        "host_pin_ns"};
+                        "host_pin_ns",
+                        "host_vmm_mapped_bytes",
+                        "host_vmm_unmapped_bytes",
+                        "host_vmm_created_bytes",
+                        "host_vmm_released_bytes"};
   const size_t devices = json.find("\"devices\":[");
   ASSERT_NE(devices, std::string::npos) << json;
   const std::string device0 = json.substr(devices);
@@ -1078,6 +1084,33 @@ TEST_F(PluginOffload, HostTimeInLongCudaCallsIsCounted) {
   // (Promises.WaitingForTheDeviceIsCountedAsHostWaitTime holds the device to see it).
   ASSERT_TRUE(number(before, "host_wait_ns").has_value()) << before;
   EXPECT_GE(number(after, "host_wait_ns").value_or(0), *number(before, "host_wait_ns")) << after;
+  ASSERT_NO_FATAL_FAILURE(backward(blocks, handles, patterns));
+  expect_nothing_tagged_left();
+}
+
+// What the VMM time bought, in bytes: a forward of twice the limit gives pages to at least
+// the limit's worth of addresses (cuMemMap), creates pages (cuMemCreate) and takes pages
+// away from the evicted blocks' addresses (cuMemUnmap); releasing pages (cuMemRelease) waits
+// for empty_cache. Every figure is a whole number of 2 MiB granules.
+TEST_F(PluginOffload, BytesGivenAndTakenPagesAreCounted) {
+  const std::string before = stats();
+  const size_t n = 2 * limit_ / kBlock;
+  std::vector<void*> blocks;
+  std::vector<uint64_t> handles;
+  std::vector<std::vector<unsigned char>> patterns;
+  ASSERT_NO_FATAL_FAILURE(forward(n, &blocks, &handles, &patterns));
+  const std::string after = stats();
+  auto grew = [&](const char* key) {
+    const std::optional<uint64_t> b = number(before, key), a = number(after, key);
+    EXPECT_TRUE(b && a) << key << " in " << after;
+    if (!b || !a) return uint64_t(0);
+    EXPECT_EQ(*a % (2u << 20), 0u) << key << ": " << after;
+    return *a - *b;
+  };
+  EXPECT_GE(grew("host_vmm_mapped_bytes"), limit_) << after;
+  EXPECT_GT(grew("host_vmm_created_bytes"), 0u) << after;
+  EXPECT_GT(grew("host_vmm_unmapped_bytes"), 0u) << after;
+  EXPECT_EQ(grew("host_vmm_released_bytes"), 0u) << after;
   ASSERT_NO_FATAL_FAILURE(backward(blocks, handles, patterns));
   expect_nothing_tagged_left();
 }
