@@ -10,6 +10,9 @@
 //   * every granule under a live or pending block is mapped unless the block is away
 //     (offloadable, given up by unmap_block); a granule is unmapped only when every block
 //     touching it is free with tag kAnyStream or live and away;
+//   * a mapped granule belongs to exactly one run (consecutive granules mapped from one
+//     handle of physical pages, Note [Runs]), and is unmapped with the whole run;
+//   * reserved_ is mapped_ plus the spare pages' bytes (spare_bytes_);
 //   * live_on_[kind][g] counts the live blocks of each kind (ordinary, offloadable)
 //     touching granule g.
 #include "pool/device_pool.h"
@@ -81,9 +84,16 @@ struct QuickKeyHash {
   }
 };
 
+constexpr uint64_t kUnmapped = UINT64_MAX;
+
+// Each mapped granule belongs to a run: consecutive granules mapped, at once, from one handle
+// of physical pages (Note [Runs]). The run's head (its first granule) holds the pages and
+// the mapping.
 struct Granule {
-  cuda::PhysicalPages pages;
-  cuda::Mapping mapping;  // declared after pages: unmapped before they are released
+  uint64_t head = kUnmapped;  // the first granule of its run; kUnmapped: not mapped
+  uint64_t count = 0;         // at the head: the run's length in granules
+  cuda::PhysicalPages pages;  // at the head: the run's pages
+  cuda::Mapping mapping;      // at the head; declared after pages: unmapped before they are released
 };
 
 // Freed blocks waiting for events: they become free with `tag_after` once every event has
@@ -186,17 +196,18 @@ class DevicePool::Impl {
   // at most (Note [Placing on mapped pages]).
   BlockIt find_mapped_fit(uint64_t size, cudaStream_t stream, bool offloadable, bool aligned, uintptr_t* start,
                           bool strict, uint64_t* missing);
+  bool mapped(uint64_t g) const { return granules_[g].head != kUnmapped; }
   // How many granules under [addr, addr+size) are unmapped.
   uint64_t unmapped_in(uintptr_t addr, uint64_t size) const {
     uint64_t n = 0;
     for (uint64_t g = granule_index(addr), last = granule_index(addr + size - 1); g <= last; ++g)
-      n += granules_[g].mapping ? 0 : 1;
+      n += mapped(g) ? 0 : 1;
     return n;
   }
-  // True when mapping `granules` more would take the pages of idle cached granules (none
-  // spare, the limit reached): each then costs an unmap as well as a map.
+  // True when mapping `granules` more would take the pages of idle cached granules (no
+  // spare pages, the limit reached): each run then costs an unmap as well as a map.
   bool pages_scarce(uint64_t granules) const {
-    return spare_.size() + (limit_ > reserved_ ? (limit_ - reserved_) / granularity_ : 0) < granules;
+    return spare_bytes_ + (limit_ > reserved_ ? limit_ - reserved_ : 0) < granules * granularity_;
   }
   // Whether blocks are placed for eviction (Note [Placing for eviction] in device_pool.h):
   // under a limit below the card, once the pool has been refused memory, or past half its
@@ -218,7 +229,35 @@ class DevicePool::Impl {
   // pending block, or one free for a stream, may still be touched by queued work).
   static bool needs_no_pages(const Block& block);
   // True when no block touching granule `g` needs its pages (needs_no_pages).
-  bool granule_idle(uint64_t g) const;
+  bool granule_idle(uint64_t g) const { return range_idle(g, 1); }
+  // The same for granules [g, g + count).
+  bool range_idle(uint64_t g, uint64_t count) const;
+  // The runs of more than one granule that a block at [addr, addr+size) would cut: those
+  // holding its first or last granule that reach past the granules it covers whole.
+  template <class F>
+  void for_each_cut_run(uintptr_t addr, uint64_t size, F&& f) const {
+    const uint64_t first = granule_index(addr), last = granule_index(addr + size - 1);
+    const uint64_t whole_lo = granule_index(round_up(addr, granularity_));
+    const uint64_t whole_end = granule_index(addr + size - (addr + size - va_.base()) % granularity_);
+    uint64_t seen = kUnmapped;
+    for (uint64_t g : {first, last}) {
+      if (!mapped(g)) continue;
+      const uint64_t head = granules_[g].head, n = granules_[head].count;
+      if (n < 2 || head == seen) continue;
+      seen = head;
+      if (head < whole_lo || head + n > whole_end) f(head, n);
+    }
+  }
+  // True when a block at [addr, addr+size) would cut a run some block still needs: it
+  // could then never be unmapped while either lives (Note [Runs]).
+  bool cuts_busy_run(uintptr_t addr, uint64_t size) const {
+    bool busy = false;
+    for_each_cut_run(addr, size, [&](uint64_t head, uint64_t n) { busy = busy || !range_idle(head, n); });
+    return busy;
+  }
+  // Unmaps the runs a block at [addr, addr+size) would cut (all idle: cuts_busy_run), so
+  // that the runs mapped for it are its own. False when CUDA refused.
+  bool unmap_cut_runs(uintptr_t addr, uint64_t size);
   // The common slow path of allocate() and allocate_offloadable().
   // With `aligned`, the block starts on a granule boundary.
   void* allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool offloadable, bool aligned,
@@ -227,16 +266,19 @@ class DevicePool::Impl {
   // the bytes missing, all the new ones when the device is full), and nothing newly
   // mapped, when the limit would be passed or the device is full.
   bool map_range(uintptr_t addr, uint64_t size, std::string* why, uint64_t* lacking);
-  // Unmaps up to `count` granules that no live, pending or stream-tagged free block
-  // touches (granule_idle), outside [keep_first, keep_last] (none by default), the highest
-  // first; their pages become spare (still owned, mapped again before any new page is
-  // created). Returns how many (Note [Taking only the pages needed]).
+  // Unmaps whole runs whose granules no live, pending or stream-tagged free block touches
+  // (range_idle), none of them in [keep_first, keep_last] (none by default), the highest
+  // first, until at least `count` granules went; their pages become spare (still owned).
+  // Returns how many granules (Note [Taking only the pages needed]).
   uint64_t unmap_unused(uint64_t count, uint64_t keep_first = UINT64_MAX, uint64_t keep_last = 0);
-  // Unmaps granule `g`, its pages becoming spare. Throws cuda::CudaError, with the granule
-  // still mapped and counted. The caller holds a context scope of the device.
-  void unmap_granule(uint64_t g);
+  // Unmaps the run whose head is `head`, its pages becoming spare. Throws cuda::CudaError,
+  // with the run still mapped and counted. The caller holds a context scope of the device.
+  void unmap_run(uint64_t head);
   // Releases every spare page back to the driver.
   void release_spare();
+  // Releases spare pages, those not marked in `keep` (same length as spare_; empty: none
+  // kept), until reserved_ + `adding` fits the limit or none is left to release.
+  void release_spare_for(uint64_t adding, const std::vector<bool>& keep);
   // Pages map_range() took and could not use: created ones are released (kept as spare
   // when CUDA refuses), recycled ones go back to the spare list.
   void give_back(cuda::PhysicalPages pages, bool was_spare);
@@ -360,7 +402,8 @@ class DevicePool::Impl {
   uint64_t next_serial_ = 0;
   std::unordered_map<QuickKey, std::vector<BlockIt>, QuickKeyHash> quick_;
   uint64_t quick_blocks_ = 0;
-  std::vector<cuda::PhysicalPages> spare_;  // owned pages mapped nowhere
+  std::vector<cuda::PhysicalPages> spare_;  // owned pages mapped nowhere, of any run's size
+  uint64_t spare_bytes_ = 0;                 // their bytes
   uint64_t mapped_top_ = 0;                  // no granule from this index up has ever been mapped
   uint64_t away_blocks_ = 0;                 // blocks whose `away` is set
   uint64_t mapped_ = 0;                      // bytes of mapped granules
@@ -405,9 +448,10 @@ DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t
   const int first_pass = grouping() && size < granularity_ / 2 ? 0 : 2;
   for (int pass = first_pass; pass < 3; ++pass) {
     auto acceptable = [&](uintptr_t a) {
+      if (cuts_busy_run(a, size)) return false;
       if (pass == 2) return true;
       for (uint64_t g = granule_index(a), last = granule_index(a + size - 1); g <= last; ++g)
-        if (!granules_[g].mapping || (pass == 0 && live_on_[0][g] == 0 && live_on_[1][g] == 0)) return false;
+        if (!mapped(g) || (pass == 0 && live_on_[0][g] == 0 && live_on_[1][g] == 0)) return false;
       return true;
     };
     BlockIt best = blocks_.end();
@@ -509,9 +553,10 @@ DevicePool::Impl::BlockIt DevicePool::Impl::find_mapped_fit(uint64_t size, cudaS
       const uint64_t g_hi = granule_index(last_start + size - 1);
       unmapped_below.assign(g_hi - g_lo + 2, 0);
       for (uint64_t g = g_lo; g <= g_hi; ++g)
-        unmapped_below[g - g_lo + 1] = unmapped_below[g - g_lo] + (granules_[g].mapping ? 0 : 1);
+        unmapped_below[g - g_lo + 1] = unmapped_below[g - g_lo] + (mapped(g) ? 0 : 1);
       // The block may start at the part's start or at any granule boundary after it.
       auto consider = [&](uintptr_t s) {
+        if (cuts_busy_run(s, size)) return;
         const uint64_t m =
             unmapped_below[granule_index(s + size - 1) - g_lo + 1] - unmapped_below[granule_index(s) - g_lo];
         if (m < best_missing || (m == best_missing && fit->first < best_size)) {
@@ -540,8 +585,8 @@ bool DevicePool::Impl::needs_no_pages(const Block& block) {
   return (block.state == State::kFree && block.tag == kAnyStream) || (block.state == State::kLive && block.away);
 }
 
-bool DevicePool::Impl::granule_idle(uint64_t g) const {
-  const uintptr_t start = va_.base() + g * granularity_, end = start + granularity_;
+bool DevicePool::Impl::range_idle(uint64_t g, uint64_t count) const {
+  const uintptr_t start = va_.base() + g * granularity_, end = start + count * granularity_;
   auto b = blocks_.upper_bound(start);
   if (b != blocks_.begin()) --b;  // the block holding the granule's first byte
   for (; b != blocks_.end() && b->first < end; ++b)
@@ -549,62 +594,157 @@ bool DevicePool::Impl::granule_idle(uint64_t g) const {
   return true;
 }
 
+// Note [Runs]
+// -----------
+// On a GPU the VMM calls cost per call, not per byte: cuMemMap + cuMemSetAccess +
+// cuMemUnmap of one handle took 62-98 us whether it held 1 or 256 granules of 2 MiB, where
+// one cuMemSetAccess over 256 granules mapped from a handle each took 6-12 ms (H100,
+// tests/gpu/vmm_cost.py, 2026-11-26). With one handle per granule, a training step at 80%
+// of its peak, remapping 13.8 GiB, spent 472 ms of host time in those calls (the step took
+// 791 ms where torch's took 391). So once the pool is under pressure (a mapping was refused:
+// from then on pages change place), map_range maps each stretch of consecutive unmapped
+// granules it needs as one run: one handle of physical pages (a spare one of exactly that
+// size when there is one, else a new one), one cuMemMap, one cuMemSetAccess. Spare pages
+// keep their size; when new pages would pass the limit, spare ones no run of this call can
+// use are released first (cuMemRelease), then idle runs are unmapped.
+//
+// A run can only be unmapped whole: cuMemUnmap refuses part of a mapping, and cuMemMap maps
+// a handle from its start only. So a run must never hold the pages of two blocks that live
+// apart. The granules a block covers only in part, at its ends, which a neighbour may share,
+// are runs of their own; and no block is placed so that it cuts a run (takes part of it, or
+// reaches into it with a granule it covers only in part) while a block still needs any of
+// that run's pages (cuts_busy_run: a live or pending block, or one free only for its stream,
+// whose work may still be queued). A run no block needs is unmapped before a block cuts it
+// (unmap_cut_runs), so that the block's pages are its own. Tried without that rule, the
+// blocks placed into the runs of blocks freed just before them kept those runs mapped long
+// after (an activation beside a cached temporary, each holding half a run): evictions freed
+// nothing (a replayed GPT-1.3B step on its card moved 55 -> 89 GB), and with runs of at most
+// 8 granules GPT-2 small at 90% ran out of memory. Before pressure one granule is one run,
+// as it always was: with runs from the start, the rule kept blocks out of their stream's
+// cached memory and a limit above the peak grew to the limit and evicted (GPT-2 small-v10k
+// at 112%, 466 MB in its first step); letting blocks cut runs until the first refusal left
+// shared runs that ran the pool out of memory later (GPT-2 small at 75%).
 bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why, uint64_t* lacking) {
   const uint64_t first = granule_index(addr), last = granule_index(addr + size - 1);
-  const uint64_t missing = unmapped_in(addr, size);
-  if (missing == 0) return true;
-  uint64_t created = missing > spare_.size() ? missing - spare_.size() : 0;
-  if (created > 0 && reserved_ + created * granularity_ > limit_) {
-    const uint64_t over = (reserved_ + created * granularity_ - limit_ + granularity_ - 1) / granularity_;
-    unmap_unused(over, first, last);
-    created = missing > spare_.size() ? missing - spare_.size() : 0;
+  if (unmapped_in(addr, size) == 0) return true;
+  // The runs to map: each stretch of unmapped granules, its granules at the block's ends
+  // that the block covers in part split off.
+  struct Run {
+    uint64_t first, count;
+    size_t spare = SIZE_MAX;  // the index in spare_ of the pages it takes, or SIZE_MAX: new
+  };
+  std::vector<Run> runs;
+  const uintptr_t end = addr + size;
+  auto whole = [&](uint64_t g) {
+    const uintptr_t gs = va_.base() + g * granularity_;
+    return gs >= addr && gs + granularity_ <= end;
+  };
+  for (uint64_t g = first; g <= last;) {
+    if (mapped(g)) {
+      ++g;
+      continue;
+    }
+    uint64_t h = g + 1;
+    if (whole(g))
+      while (h <= last && !mapped(h) && whole(h) && pressed_) ++h;
+    runs.push_back({g, h - g});
+    g = h;
   }
-  if (reserved_ + created * granularity_ > limit_) {  // refuse before mapping anything
+  // Spare pages of a run's size are taken first; what none fits is created.
+  uint64_t created = 0;
+  std::vector<bool> taken;
+  auto match = [&] {
+    taken.assign(spare_.size(), false);
+    created = 0;
+    for (Run& r : runs) {
+      r.spare = SIZE_MAX;
+      for (size_t i = 0; i < spare_.size(); ++i)
+        if (!taken[i] && spare_[i].size() == r.count * granularity_) {
+          taken[i] = true;
+          r.spare = i;
+          break;
+        }
+      if (r.spare == SIZE_MAX) created += r.count * granularity_;
+    }
+  };
+  match();
+  if (created > 0 && reserved_ + created > limit_) {
+    release_spare_for(created, taken);
+    match();
+  }
+  if (created > 0 && reserved_ + created > limit_) {
+    const uint64_t over = (reserved_ + created - limit_ + granularity_ - 1) / granularity_;
+    unmap_unused(over, first, last);
+    match();
+    release_spare_for(created, taken);
+    match();
+  }
+  if (reserved_ + created > limit_) {  // refuse before mapping anything
     *why = "the limit";
     pressed_ = true;
-    *lacking = reserved_ + created * granularity_ - limit_;
+    *lacking = reserved_ + created - limit_;
     return false;
   }
   cuda::ContextScope scope(device_);
-  std::vector<std::pair<uint64_t, bool>> mapped_now;  // (granule, its pages were spare)
-  for (uint64_t g = first; g <= last; ++g) {
-    if (granules_[g].mapping) continue;
-    const bool recycled = !spare_.empty();
+  // The spare pages the runs take, out of spare_ (highest index first, so that the others'
+  // indexes hold).
+  std::vector<cuda::PhysicalPages> pages_of(runs.size());
+  {
+    std::vector<std::pair<size_t, size_t>> by_index;  // (spare index, run)
+    for (size_t r = 0; r < runs.size(); ++r)
+      if (runs[r].spare != SIZE_MAX) by_index.emplace_back(runs[r].spare, r);
+    std::sort(by_index.rbegin(), by_index.rend());
+    for (auto [i, r] : by_index) {
+      pages_of[r] = std::move(spare_[i]);
+      spare_.erase(spare_.begin() + std::ptrdiff_t(i));
+      spare_bytes_ -= pages_of[r].size();
+    }
+  }
+  std::vector<std::pair<uint64_t, bool>> mapped_now;  // the runs this call mapped: (head, pages were spare)
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const Run& run = runs[r];
+    const bool recycled = run.spare != SIZE_MAX;
     try {
-      cuda::PhysicalPages pages;
-      if (recycled) {  // pages given up by eviction or by unused cache first
-        pages = std::move(spare_.back());
-        spare_.pop_back();
-      } else {
-        pages = cuda::PhysicalPages(device_, granularity_);
-        reserved_ += granularity_;
+      cuda::PhysicalPages pages = std::move(pages_of[r]);
+      if (!recycled) {
+        pages = cuda::PhysicalPages(device_, run.count * granularity_);
+        reserved_ += pages.size();
       }
       try {
-        granules_[g].mapping = cuda::Mapping(va_.base() + g * granularity_, pages);
+        granules_[run.first].mapping = cuda::Mapping(va_.base() + run.first * granularity_, pages);
       } catch (...) {
         give_back(std::move(pages), recycled);
         throw;
       }
-      granules_[g].pages = std::move(pages);
-      mapped_top_ = std::max(mapped_top_, g + 1);
-      mapped_now.emplace_back(g, recycled);
-      mapped_ += granularity_;
+      granules_[run.first].pages = std::move(pages);
+      granules_[run.first].count = run.count;
+      for (uint64_t g = run.first; g < run.first + run.count; ++g) granules_[g].head = run.first;
+      mapped_top_ = std::max(mapped_top_, run.first + run.count);
+      mapped_now.emplace_back(run.first, recycled);
+      mapped_ += run.count * granularity_;
     } catch (const cuda::CudaError& e) {
       // The device is full: undo this call, so that a refused request leaves the device as
       // it found it for its other users (recycled pages go back to the spare list).
-      for (auto [m, was_spare] : mapped_now) {
+      for (auto [head, was_spare] : mapped_now) {
         try {
-          granules_[m].mapping.unmap();
+          unmap_run(head);
         } catch (const cuda::CudaError&) {
-          continue;  // CUDA refused: it stays mapped, counted, an unused granule unmapped later
+          continue;  // CUDA refused: it stays mapped, counted, an unused run unmapped later
         }
-        give_back(std::move(granules_[m].pages), was_spare);
-        mapped_ -= granularity_;
+        cuda::PhysicalPages pages = std::move(spare_.back());
+        spare_.pop_back();
+        spare_bytes_ -= pages.size();
+        give_back(std::move(pages), was_spare);
       }
+      for (size_t k = r + 1; k < runs.size(); ++k)
+        if (pages_of[k]) {
+          spare_bytes_ += pages_of[k].size();
+          spare_.push_back(std::move(pages_of[k]));
+        }
       if (!e.out_of_memory()) throw;
       *why = "the device's free memory";
       pressed_ = true;
-      *lacking = created * granularity_;  // how much the device lacks is not known
+      *lacking = created;  // how much the device lacks is not known
       return false;
     }
   }
@@ -616,20 +756,42 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
 void DevicePool::Impl::give_back(cuda::PhysicalPages pages, bool was_spare) {
   if (!was_spare) {
     try {
+      const uint64_t bytes = pages.size();
       pages.release();
-      reserved_ -= granularity_;
+      reserved_ -= bytes;
       return;
     } catch (const cuda::CudaError&) {
       // CUDA refused: kept as spare (still reserved), released again by release_spare().
     }
   }
+  spare_bytes_ += pages.size();
   spare_.push_back(std::move(pages));
 }
 
-void DevicePool::Impl::unmap_granule(uint64_t g) {
-  granules_[g].mapping.unmap();
-  spare_.push_back(std::move(granules_[g].pages));
-  mapped_ -= granularity_;
+bool DevicePool::Impl::unmap_cut_runs(uintptr_t addr, uint64_t size) {
+  std::vector<uint64_t> heads;
+  for_each_cut_run(addr, size, [&](uint64_t head, uint64_t) { heads.push_back(head); });
+  if (heads.empty()) return true;
+  cuda::ContextScope scope(device_);
+  for (uint64_t head : heads) {
+    try {
+      unmap_run(head);
+    } catch (const cuda::CudaError&) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void DevicePool::Impl::unmap_run(uint64_t head) {
+  Granule& h = granules_[head];
+  h.mapping.unmap();
+  const uint64_t count = h.count;
+  spare_bytes_ += h.pages.size();
+  spare_.push_back(std::move(h.pages));
+  for (uint64_t g = head; g < head + count; ++g) granules_[g].head = kUnmapped;
+  h.count = 0;
+  mapped_ -= count * granularity_;
 }
 
 // Note [Taking only the pages needed]
@@ -646,31 +808,40 @@ void DevicePool::Impl::unmap_granule(uint64_t g) {
 uint64_t DevicePool::Impl::unmap_unused(uint64_t count, uint64_t keep_first, uint64_t keep_last) {
   uint64_t done = 0;
   std::unique_ptr<cuda::ContextScope> scope;
-  for (uint64_t g = granules_.size(); g-- > 0 && done < count;) {
-    if (!granules_[g].mapping || (g >= keep_first && g <= keep_last) || !granule_idle(g)) continue;
+  for (uint64_t g = std::min<uint64_t>(mapped_top_, granules_.size()); g-- > 0 && done < count;) {
+    if (!mapped(g)) continue;
+    const uint64_t head = granules_[g].head, n = granules_[head].count;
+    g = head;  // the loop goes on below the run
+    if ((head <= keep_last && head + n > keep_first) || !range_idle(head, n)) continue;
     if (!scope) scope = std::make_unique<cuda::ContextScope>(device_);
     try {
-      unmap_granule(g);
+      unmap_run(head);
     } catch (const cuda::CudaError&) {
-      continue;  // CUDA refused: the granule stays mapped (and counted), to be tried again later
+      continue;  // CUDA refused: the run stays mapped (and counted), to be tried again later
     }
-    ++done;
+    done += n;
   }
   return done;
 }
 
-void DevicePool::Impl::release_spare() {
+void DevicePool::Impl::release_spare() { release_spare_for(UINT64_MAX, {}); }
+
+void DevicePool::Impl::release_spare_for(uint64_t adding, const std::vector<bool>& keep) {
   if (spare_.empty()) return;
   cuda::ContextScope scope(device_);
   // One at a time: pages CUDA refuses to release stay spare (and counted), tried again later.
   for (size_t i = spare_.size(); i-- > 0;) {
+    if (adding != UINT64_MAX && reserved_ + adding <= limit_) return;
+    if (i < keep.size() && keep[i]) continue;
+    const uint64_t bytes = spare_[i].size();
     try {
       spare_[i].release();
     } catch (const cuda::CudaError&) {
       continue;
     }
     spare_.erase(spare_.begin() + std::ptrdiff_t(i));
-    reserved_ -= granularity_;
+    spare_bytes_ -= bytes;
+    reserved_ -= bytes;
   }
 }
 
@@ -899,6 +1070,7 @@ void* DevicePool::Impl::take_quick(uint64_t rounded, cudaStream_t stream, bool o
   if (closed_to(granule_index(b->first), offloadable, stream) ||
       closed_to(granule_index(b->first + rounded - 1), offloadable, stream))
     return nullptr;
+  if (cuts_busy_run(b->first, rounded)) return nullptr;
   q->second.pop_back();
   --quick_blocks_;
   b->second.state = State::kLive;
@@ -997,6 +1169,10 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
       return nullptr;
     }
     const uint64_t reserved_before = reserved_;
+    if (!unmap_cut_runs(start, rounded)) {
+      why = "CUDA's refusal to unmap";
+      return nullptr;
+    }
     if (!map_range(start, rounded, &why, &lacking)) return nullptr;
     return take(b, start, rounded, stream, offloadable, reserved_ != reserved_before);
   };
@@ -1027,11 +1203,14 @@ Result DevicePool::Impl::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
   ++away_blocks_;
   uint64_t done = 0;
   for (uint64_t g = granule_index(b->first), last = granule_index(b->first + b->second.size - 1); g <= last; ++g) {
-    if (!granules_[g].mapping || !granule_idle(g)) continue;  // shared with a block that needs it
+    if (!mapped(g)) continue;
+    const uint64_t head = granules_[g].head, n = granules_[head].count;
+    g = head + n - 1;  // the loop goes on after the run
+    if (!range_idle(head, n)) continue;  // shared with a block that needs it
     try {
-      unmap_granule(g);
+      unmap_run(head);
     } catch (const cuda::CudaError& e) {
-      // That granule stays mapped. The block counts as away once any granule went (a later
+      // That run stays mapped. The block counts as away once any granule went (a later
       // map_block maps what is missing); with none gone nothing changed.
       b->second.away = done > 0;
       if (done == 0) --away_blocks_;
@@ -1039,7 +1218,7 @@ Result DevicePool::Impl::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
       if (freed) *freed = done * granularity_;
       return {false, "unmap of " + pointer_name(ptr) + ": " + e.what()};
     }
-    ++done;
+    done += n;
   }
   if (freed) *freed = done * granularity_;
   return {};
@@ -1226,7 +1405,7 @@ PoolStats DevicePool::Impl::stats() const {
   s.reserved_bytes = reserved_;
   s.mapped_bytes = mapped_;
   s.peak_mapped_bytes = peak_mapped_;
-  s.spare_bytes = spare_.size() * granularity_;
+  s.spare_bytes = spare_bytes_;
   s.peak_allocated_bytes = peak_allocated_;
   s.peak_reserved_bytes = peak_reserved_;
   s.limit_bytes = limit_;
@@ -1305,14 +1484,25 @@ std::string DevicePool::Impl::check_invariants() const {
   for (const auto& [key, set] : free_) indexed += set.size();
   expect(indexed == free_blocks, "the free index holds " + std::to_string(indexed) + " entries for " +
                                      std::to_string(free_blocks) + " free blocks");
-  uint64_t mapped = 0;
+  uint64_t mapped_bytes = 0;
   for (uint64_t g = 0; g < granules_.size(); ++g) {
-    if (granules_[g].mapping) mapped += granularity_;
+    if (mapped(g)) {
+      mapped_bytes += granularity_;
+      const uint64_t head = granules_[g].head;
+      const Granule& h = granules_[head];
+      expect(head <= g && granules_[head].head == head && head + h.count > g && h.mapping &&
+                 h.pages.size() == h.count * granularity_ && (g < mapped_top_),
+             "granule " + std::to_string(g) + " lies in no well-formed run (head " + std::to_string(head) + ", " +
+                 std::to_string(h.count) + " granules)");
+    } else {
+      expect(!granules_[g].mapping && granules_[g].count == 0,
+             "granule " + std::to_string(g) + " is unmapped but holds a mapping");
+    }
     expect(live_on[0][g] == live_on_[0][g] && live_on[1][g] == live_on_[1][g],
            "granule " + std::to_string(g) + " counts " + std::to_string(live_on_[0][g]) + " ordinary and " +
                std::to_string(live_on_[1][g]) + " offloadable live blocks, but " + std::to_string(live_on[0][g]) +
                " and " + std::to_string(live_on[1][g]) + " touch it");
-    if (needs_pages[g] && !granules_[g].mapping) {
+    if (needs_pages[g] && !mapped(g)) {
       const Block& b = blocks_.at(needs_pages[g]);
       const char* state = b.state == State::kLive ? "live" : b.state == State::kPending ? "pending" : "quick-listed";
       expect(false, "granule " + std::to_string(g) + " under a block in use is not mapped (block " +
@@ -1320,9 +1510,13 @@ std::string DevicePool::Impl::check_invariants() const {
                         state + (b.offloadable ? ", offloadable" : "") + ")");
     }
   }
-  expect(mapped == mapped_, "mapped_bytes " + std::to_string(mapped_) + " but " + std::to_string(mapped) +
+  expect(mapped_bytes == mapped_, "mapped_bytes " + std::to_string(mapped_) + " but " + std::to_string(mapped_bytes) +
                                 " bytes of granules are mapped");
-  expect(reserved_ == mapped_ + spare_.size() * granularity_,
+  uint64_t spare = 0;
+  for (const cuda::PhysicalPages& pages : spare_) spare += pages.size();
+  expect(spare == spare_bytes_, "spare pages hold " + std::to_string(spare) + " bytes, the pool counts " +
+                                    std::to_string(spare_bytes_));
+  expect(reserved_ == mapped_ + spare_bytes_,
          "reserved_bytes " + std::to_string(reserved_) + " is not mapped plus spare");
   expect(reserved_ <= limit_, "reserved_bytes " + std::to_string(reserved_) + " passed the limit");
   std::string text;

@@ -7,7 +7,11 @@
 // GPUs) under the granules that allocated or cached blocks cover, and only there: a
 // granule is mapped when a block that touches it is handed out and stays mapped (cached)
 // after the block is freed, until empty_cache() or pressure unmaps granules no live block
-// touches. The pool's "reserved" memory is its mapped granules; the limit caps it.
+// touches. Once the pool is under pressure, the granules a block covers whole are mapped
+// as one run (one physical allocation and one map call: on a GPU each call costs tens of
+// microseconds however large), unmapped only whole, and no block is placed so that it
+// would take part of a run another block still needs (Note [Runs] in device_pool.cpp).
+// The pool's "reserved" memory is its mapped granules and spare pages; the limit caps it.
 //
 // Blocks are 512-byte aligned and sized in 512-byte units. All blocks, free or not, are
 // kept in address order; a free block is merged with free neighbours of the same stream
@@ -151,7 +155,7 @@ class DevicePool {
   // the work queued on `stream` before the free has completed. Thread-safe.
   Result record_stream(void* ptr, cudaStream_t stream);
 
-  // Unmaps and releases every mapped granule no live or pending block uses, and every spare
+  // Unmaps and releases every mapped run no live or pending block uses, and every spare
   // page. Thread-safe.
   void empty_cache();
 
@@ -171,11 +175,12 @@ class DevicePool {
   void* allocate_offloadable(size_t size, cudaStream_t stream, std::string* error, uint64_t* placed = nullptr);
 
   // Gives up a live offloadable block's contents (the caller copied them elsewhere and
-  // ordered this after all work using it): the block becomes *away*, and each granule under
-  // it that no other block needs (every block touching it is free for any stream, or live
-  // and away) is unmapped; a granule shared with a block still in use stays mapped until
-  // that one goes too (its unmap_block, its free, or unused-granule unmapping). Unmapped
-  // pages become spare, mapped again before any new page is created. The block stays live
+  // ordered this after all work using it): the block becomes *away*, and each run of
+  // granules under it that no other block needs (every block touching the run is free for
+  // any stream, or live and away) is unmapped whole; a granule shared with a block still in
+  // use stays mapped until that one goes too (its unmap_block, its free, or unused-granule
+  // unmapping). Unmapped pages become spare, mapped again before any new page is created
+  // (a run's pages for a run of their size; others are released first). The block stays live
   // and keeps its address. *freed (may be null): the bytes this call unmapped (0 when every
   // granule is shared). When CUDA refuses to unmap a granule, that granule stays mapped and
   // the result is a refusal; *partly (may be null) then says whether other granules went

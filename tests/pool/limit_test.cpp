@@ -2,6 +2,7 @@
 // (or past the card) fails with a report naming the request and the limit, counts in
 // num_ooms and changes nothing else; before failing, the pool waits for pending blocks and
 // unmaps cached granules, so a request that fits once they are released succeeds.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -170,12 +171,14 @@ TEST_F(LimitOfEight, AtTheLimitABlockGoesWhereItsPagesAreStillMapped) {
   void* x = pool().allocate_offloadable(3 * g, stream_, &error);  // granules 0-2, its own
   ASSERT_NE(nullptr, x) << error;
   void* b = allocate(g);      // granule 3: keeps the two holes apart
-  void* y = allocate(4 * g);  // granules 4-7: the limit reached
+  void* y = allocate(3 * g);  // granules 4-6
+  void* c = allocate(g);      // granule 7: the limit reached
   ASSERT_NE(nullptr, b);
   ASSERT_NE(nullptr, y);
+  ASSERT_NE(nullptr, c);
   ASSERT_TRUE(pool().unmap_block(x).ok);  // given up: its three pages become spare
   deallocate(x);                          // a hole of three unmapped granules
-  deallocate(y);                          // four cached granules, mapped
+  deallocate(y);                          // three cached granules, mapped
   const uint64_t mapped = sim_counters()->mapped_bytes;
   ASSERT_EQ(10 * kMiB, mapped);
 
@@ -188,6 +191,99 @@ TEST_F(LimitOfEight, AtTheLimitABlockGoesWhereItsPagesAreStillMapped) {
   EXPECT_EQ("", pool().check_invariants());
   deallocate(z);
   deallocate(b);
+  deallocate(c);
+}
+
+// The physical pages (the handle) mapped under the byte at `p`: one per run (Note [Runs]).
+CUmemGenericAllocationHandle pages_under(const void* p) {
+  CUmemGenericAllocationHandle h = 0;
+  if (cuMemRetainAllocationHandle(&h, const_cast<void*>(p)) != CUDA_SUCCESS) return 0;
+  cuMemRelease(h);  // the retain's reference; the pool's mapping keeps the pages
+  return h;
+}
+
+// Refuses one request, as the limit does under pressure: from then on the pool maps runs.
+void press(vramswap::pool::DevicePool& pool, cudaStream_t stream) {
+  std::string error;
+  ASSERT_EQ(nullptr, pool.allocate(64 * kMiB, stream, &error)) << "above the limit";
+  ASSERT_NE(std::string::npos, error.find("the limit")) << error;
+}
+
+// Note [Runs]: on a GPU each VMM call costs per call, not per granule. Once the pool is
+// under pressure (a request was refused), the granules a block covers whole are mapped as
+// one run (one handle, one cuMemMap, one cuMemSetAccess); a granule it covers in part,
+// which a neighbour may share, is a run of its own. Before, one granule is one run.
+TEST_F(LimitOfEight, UnderPressureTheGranulesABlockCoversWholeAreOneRun) {
+  const size_t g = granularity();
+  ASSERT_EQ(2 * kMiB, g);
+  void* before = allocate(2 * g);
+  ASSERT_NE(nullptr, before);
+  EXPECT_NE(pages_under(before), pages_under(static_cast<char*>(before) + g)) << "no pressure yet";
+  deallocate(before);
+  pool().empty_cache();
+  ASSERT_NO_FATAL_FAILURE(press(pool(), stream_));
+  void* x = allocate(4 * g);  // granules 0-3
+  ASSERT_NE(nullptr, x);
+  const char* c = static_cast<const char*>(x);
+  ASSERT_NE(0u, pages_under(c));
+  EXPECT_EQ(pages_under(c), pages_under(c + 3 * g)) << "one handle under all four granules";
+  void* y = allocate(2 * g + g / 2);  // granules 4-5 whole, 6 in part
+  ASSERT_NE(nullptr, y);
+  const char* d = static_cast<const char*>(y);
+  EXPECT_EQ(pages_under(d), pages_under(d + g));
+  EXPECT_NE(pages_under(d), pages_under(d + 2 * g)) << "the granule a neighbour may share is a run of its own";
+  EXPECT_NE(pages_under(c), pages_under(d));
+  EXPECT_TRUE(round_trip(x, 4 * g, 3));
+  EXPECT_EQ("", pool().check_invariants());
+  deallocate(x);
+  deallocate(y);
+}
+
+// A run can only be unmapped whole: a block that took part of a run the stream still uses
+// (a block it freed, whose work may still run) would keep the whole run mapped while either
+// lives, and its eviction would free nothing. So it goes elsewhere, and giving it up frees
+// its pages. (Placed into such a run, a replayed GPT-1.3B step on its card moved 55 -> 89 GB
+// and GPT-2 small at 90% ran out of memory.)
+TEST_F(LimitOfEight, ABlockDoesNotCutARunItsStreamStillUses) {
+  const size_t g = granularity();
+  ASSERT_EQ(2 * kMiB, g);
+  ASSERT_NO_FATAL_FAILURE(press(pool(), stream_));
+  void* z = allocate(4 * g);  // granules 0-3, one run
+  ASSERT_NE(nullptr, z);
+  deallocate(z);  // cached for stream_: its work may still be queued
+  std::string error;
+  void* a = pool().allocate_offloadable(2 * g, stream_, &error);
+  ASSERT_NE(nullptr, a) << error;
+  const auto at = reinterpret_cast<uintptr_t>(a), zat = reinterpret_cast<uintptr_t>(z);
+  EXPECT_FALSE(at >= zat && at < zat + 4 * g) << "placed into the stream's run";
+  uint64_t freed = 0;
+  ASSERT_TRUE(pool().unmap_block(a, nullptr, &freed).ok);
+  EXPECT_EQ(2 * g, freed) << "its pages went";
+  EXPECT_EQ("", pool().check_invariants());
+  ASSERT_TRUE(pool().map_block(a, DevicePool::MapWait::kSynchronize).ok);
+  EXPECT_TRUE(round_trip(a, 2 * g, 4));
+  EXPECT_TRUE(pool().deallocate(a, stream_).ok);
+}
+
+// A run no block needs any more may be cut: it is unmapped first, and the block gets a run
+// of its own (the rest of the old run's pages are spare, for what needs them).
+TEST_F(LimitOfEight, ARunNoBlockNeedsIsUnmappedBeforeABlockCutsIt) {
+  const size_t g = granularity();
+  ASSERT_EQ(2 * kMiB, g);
+  ASSERT_NO_FATAL_FAILURE(press(pool(), stream_));
+  void* z = allocate(4 * g);  // granules 0-3, one run
+  ASSERT_NE(nullptr, z);
+  ASSERT_TRUE(pool().deallocate(z, vramswap::pool::any_stream()).ok);  // free for any stream: idle
+  void* a = allocate(2 * g);
+  ASSERT_NE(nullptr, a);
+  EXPECT_EQ(z, a) << "best fit: the idle run's place";
+  const char* c = static_cast<const char*>(a);
+  EXPECT_EQ(pages_under(c), pages_under(c + g));
+  EXPECT_EQ(0u, pages_under(c + 2 * g)) << "the rest of the old run is unmapped";
+  EXPECT_EQ(4 * kMiB, stats().mapped_bytes);
+  EXPECT_TRUE(round_trip(a, 2 * g, 5));
+  EXPECT_EQ("", pool().check_invariants());
+  deallocate(a);
 }
 
 // ... but not while a block is away: the fetches that bring it back need the pages of the
