@@ -277,8 +277,8 @@ class DevicePool::Impl {
   // Releases every spare page back to the driver.
   void release_spare();
   // Releases spare pages, those not marked in `keep` (same length as spare_; empty: none
-  // kept), until reserved_ + `adding` fits the limit or none is left to release.
-  void release_spare_for(uint64_t adding, const std::vector<bool>& keep);
+  // kept), until at least `bytes` went or none is left to release. Returns the bytes.
+  uint64_t release_spare_for(uint64_t bytes, const std::vector<bool>& keep);
   // Pages map_range() took and could not use: created ones are released (kept as spare
   // when CUDA refuses), recycled ones go back to the spare list.
   void give_back(cuda::PhysicalPages pages, bool was_spare);
@@ -388,6 +388,9 @@ class DevicePool::Impl {
   // already holding blocks where its next may go while grouping().
   std::unordered_map<cudaStream_t, uint64_t> open_;
   bool pressed_ = false;  // a mapping was refused (the limit, or the device was full)
+  // Pages change place from now on: a mapping was refused, or a block was given up
+  // (unmap_block). Maps runs from then on (Note [Runs]).
+  bool remapping_ = false;
   std::vector<Pending> pending_;
   // deallocate_to_any's blocks: free on their stream at once, free for any stream once the
   // event completes, if no later release has merged into them (Block::serial).
@@ -601,12 +604,13 @@ bool DevicePool::Impl::range_idle(uint64_t g, uint64_t count) const {
 // one cuMemSetAccess over 256 granules mapped from a handle each took 6-12 ms (H100,
 // tests/gpu/vmm_cost.py, 2026-11-26). With one handle per granule, a training step at 80%
 // of its peak, remapping 13.8 GiB, spent 472 ms of host time in those calls (the step took
-// 791 ms where torch's took 391). So once the pool is under pressure (a mapping was refused:
-// from then on pages change place), map_range maps each stretch of consecutive unmapped
+// 791 ms where torch's took 391). So once pages change place (a mapping was refused, or a
+// block was given up: remapping_), map_range maps each stretch of consecutive unmapped
 // granules it needs as one run: one handle of physical pages (a spare one of exactly that
 // size when there is one, else a new one), one cuMemMap, one cuMemSetAccess. Spare pages
-// keep their size; when new pages would pass the limit, spare ones no run of this call can
-// use are released first (cuMemRelease), then idle runs are unmapped.
+// keep their size: as many bytes of spare pages no run of this call can use are released
+// (cuMemRelease) as new ones are created, so that what the pool holds does not grow with
+// pages of a shape nothing asks for; past the limit, idle runs are unmapped as well.
 //
 // A run can only be unmapped whole: cuMemUnmap refuses part of a mapping, and cuMemMap maps
 // a handle from its start only. So a run must never hold the pages of two blocks that live
@@ -619,11 +623,15 @@ bool DevicePool::Impl::range_idle(uint64_t g, uint64_t count) const {
 // blocks placed into the runs of blocks freed just before them kept those runs mapped long
 // after (an activation beside a cached temporary, each holding half a run): evictions freed
 // nothing (a replayed GPT-1.3B step on its card moved 55 -> 89 GB), and with runs of at most
-// 8 granules GPT-2 small at 90% ran out of memory. Before pressure one granule is one run,
-// as it always was: with runs from the start, the rule kept blocks out of their stream's
-// cached memory and a limit above the peak grew to the limit and evicted (GPT-2 small-v10k
-// at 112%, 466 MB in its first step); letting blocks cut runs until the first refusal left
-// shared runs that ran the pool out of memory later (GPT-2 small at 75%).
+// 8 granules GPT-2 small at 90% ran out of memory. Before pages first change place one
+// granule is one run, as it always was: with runs from the start, the rule kept blocks out
+// of their stream's cached memory and a limit above the peak grew to the limit and evicted
+// (GPT-2 small-v10k at 112%, 466 MB in its first step); letting blocks cut runs until then
+// left shared runs that ran the pool out of memory later (GPT-2 small at 75%). A block given
+// up starts them too: a step whose plan evicts early enough may never meet the limit.
+// What those first steps mapped stays one granule a run until it is unmapped, one call a
+// granule: GPT-2 small at 90% with cudasim's H100 host costs is 1.32x its bound after two
+// warm-up steps and still unmaps hundreds of such granules a step after six.
 bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why, uint64_t* lacking) {
   const uint64_t first = granule_index(addr), last = granule_index(addr + size - 1);
   if (unmapped_in(addr, size) == 0) return true;
@@ -646,7 +654,7 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
     }
     uint64_t h = g + 1;
     if (whole(g))
-      while (h <= last && !mapped(h) && whole(h) && pressed_) ++h;
+      while (h <= last && !mapped(h) && whole(h) && remapping_) ++h;
     runs.push_back({g, h - g});
     g = h;
   }
@@ -668,20 +676,18 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
     }
   };
   match();
-  if (created > 0 && reserved_ + created > limit_) {
-    release_spare_for(created, taken);
-    match();
-  }
+  // Spare pages no run here can use give way to the new ones: kept, they would only add to
+  // what the pool holds (reserved) for pages of a shape nothing asks for now.
+  if (created > 0 && release_spare_for(created, taken) > 0) match();
   if (created > 0 && reserved_ + created > limit_) {
     const uint64_t over = (reserved_ + created - limit_ + granularity_ - 1) / granularity_;
     unmap_unused(over, first, last);
     match();
-    release_spare_for(created, taken);
-    match();
+    if (reserved_ + created > limit_ && release_spare_for(reserved_ + created - limit_, taken) > 0) match();
   }
   if (reserved_ + created > limit_) {  // refuse before mapping anything
     *why = "the limit";
-    pressed_ = true;
+    pressed_ = remapping_ = true;
     *lacking = reserved_ + created - limit_;
     return false;
   }
@@ -743,7 +749,7 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
         }
       if (!e.out_of_memory()) throw;
       *why = "the device's free memory";
-      pressed_ = true;
+      pressed_ = remapping_ = true;
       *lacking = created;  // how much the device lacks is not known
       return false;
     }
@@ -770,7 +776,9 @@ void DevicePool::Impl::give_back(cuda::PhysicalPages pages, bool was_spare) {
 
 bool DevicePool::Impl::unmap_cut_runs(uintptr_t addr, uint64_t size) {
   std::vector<uint64_t> heads;
-  for_each_cut_run(addr, size, [&](uint64_t head, uint64_t) { heads.push_back(head); });
+  for_each_cut_run(addr, size, [&](uint64_t head, uint64_t n) {
+    if (range_idle(head, n)) heads.push_back(head);  // a busy one is never cut (cuts_busy_run)
+  });
   if (heads.empty()) return true;
   cuda::ContextScope scope(device_);
   for (uint64_t head : heads) {
@@ -826,23 +834,25 @@ uint64_t DevicePool::Impl::unmap_unused(uint64_t count, uint64_t keep_first, uin
 
 void DevicePool::Impl::release_spare() { release_spare_for(UINT64_MAX, {}); }
 
-void DevicePool::Impl::release_spare_for(uint64_t adding, const std::vector<bool>& keep) {
-  if (spare_.empty()) return;
+uint64_t DevicePool::Impl::release_spare_for(uint64_t bytes, const std::vector<bool>& keep) {
+  uint64_t released = 0;
+  if (spare_.empty()) return 0;
   cuda::ContextScope scope(device_);
   // One at a time: pages CUDA refuses to release stay spare (and counted), tried again later.
-  for (size_t i = spare_.size(); i-- > 0;) {
-    if (adding != UINT64_MAX && reserved_ + adding <= limit_) return;
+  for (size_t i = spare_.size(); i-- > 0 && released < bytes;) {
     if (i < keep.size() && keep[i]) continue;
-    const uint64_t bytes = spare_[i].size();
+    const uint64_t size = spare_[i].size();
     try {
       spare_[i].release();
     } catch (const cuda::CudaError&) {
       continue;
     }
     spare_.erase(spare_.begin() + std::ptrdiff_t(i));
-    spare_bytes_ -= bytes;
-    reserved_ -= bytes;
+    spare_bytes_ -= size;
+    reserved_ -= size;
+    released += size;
   }
+  return released;
 }
 
 void DevicePool::Impl::release_block(BlockIt b, cudaStream_t tag, uint64_t serial) {
@@ -1200,6 +1210,7 @@ Result DevicePool::Impl::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
   if (b->second.away) return {false, "unmap of " + pointer_name(ptr) + ": already given up (unmapped)"};
   cuda::ContextScope scope(device_);
   b->second.away = true;  // so that granule_idle() sees its own granules as free of it
+  remapping_ = true;
   ++away_blocks_;
   uint64_t done = 0;
   for (uint64_t g = granule_index(b->first), last = granule_index(b->first + b->second.size - 1); g <= last; ++g) {

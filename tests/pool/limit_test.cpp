@@ -239,6 +239,28 @@ TEST_F(LimitOfEight, UnderPressureTheGranulesABlockCoversWholeAreOneRun) {
   deallocate(y);
 }
 
+// ... and once a block was given up, with no request refused: an engine whose plan evicts
+// early enough never meets the limit, but its pages change place every step.
+TEST_F(LimitOfEight, OnceABlockWasGivenUpTheGranulesABlockCoversWholeAreOneRun) {
+  const size_t g = granularity();
+  ASSERT_EQ(2 * kMiB, g);
+  std::string error;
+  void* x = pool().allocate_offloadable(2 * g, stream_, &error);
+  ASSERT_NE(nullptr, x) << error;
+  EXPECT_NE(pages_under(x), pages_under(static_cast<char*>(x) + g)) << "nothing has changed place yet";
+  ASSERT_TRUE(pool().unmap_block(x).ok);
+  void* y = allocate(3 * g);
+  ASSERT_NE(nullptr, y);
+  const char* c = static_cast<const char*>(y);
+  EXPECT_EQ(pages_under(c), pages_under(c + 2 * g));
+  EXPECT_EQ(0u, stats().num_ooms) << "no request was refused";
+  ASSERT_TRUE(pool().map_block(x, DevicePool::MapWait::kSynchronize).ok);
+  EXPECT_EQ(pages_under(x), pages_under(static_cast<char*>(x) + g)) << "its pages came back as one run";
+  EXPECT_EQ("", pool().check_invariants());
+  deallocate(y);
+  EXPECT_TRUE(pool().deallocate(x, stream_).ok);
+}
+
 // A run can only be unmapped whole: a block that took part of a run the stream still uses
 // (a block it freed, whose work may still run) would keep the whole run mapped while either
 // lives, and its eviction would free nothing. So it goes elsewhere, and giving it up frees
