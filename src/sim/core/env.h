@@ -19,12 +19,11 @@ namespace cudasim {
 // bench/results/gpu-2026-11-26-h100-host-time.md), rounded: per call cuMemCreate 15 us,
 // cuMemMap 4 us, cuMemRelease 18 us; per mapping a call covers, cuMemSetAccess 35 us and
 // cuMemUnmap 24 us (one call over N separately created granules costs N times one);
-// pinning 650 us and unpinning 130 us per MiB (cuMemHostAlloc / cuMemFreeHost). On a busy
-// device the VMM calls took 4-6x longer (README, Results): these are lower bounds. Either
-// may be followed by name=microseconds items that change one figure (env.cpp).
-// Not the default yet: vramswap's pool maps and unmaps far more granules under pressure
-// than its evictions move (README, Results), and the benchmark's figures are quoted
-// without host costs until that is fixed; `CUDASIM_HOST_COSTS=h100 vramswap bench` shows it.
+// pinning 650 us and unpinning 130 us per MiB (cuMemHostAlloc / cuMemFreeHost). With the
+// device busy the VMM calls cost 1.1-1.6x as much (tests/gpu/vmm_cost.py): these are lower
+// bounds. Either may be followed by name=microseconds items that change one figure (env.cpp).
+// Not the default: the benchmark's figures are quoted without host costs, as the issues'
+// claims were made; `CUDASIM_HOST_COSTS=h100 vramswap bench` shows what they add.
 struct HostCosts {
   uint64_t mem_create_ns = 0;
   uint64_t mem_map_ns = 0;
