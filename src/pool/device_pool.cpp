@@ -197,6 +197,11 @@ class DevicePool::Impl {
   BlockIt find_mapped_fit(uint64_t size, cudaStream_t stream, bool offloadable, bool aligned, uintptr_t* start,
                           bool strict, uint64_t* missing);
   bool mapped(uint64_t g) const { return granules_[g].head != kUnmapped; }
+  // The granules [*lo, *end) that [addr, addr+size) covers whole (none: *lo >= *end).
+  void whole_granules(uintptr_t addr, uint64_t size, uint64_t* lo, uint64_t* end) const {
+    *lo = granule_index(round_up(addr, granularity_));
+    *end = granule_index(addr + size - (addr + size - va_.base()) % granularity_);
+  }
   // How many granules under [addr, addr+size) are unmapped.
   uint64_t unmapped_in(uintptr_t addr, uint64_t size) const {
     uint64_t n = 0;
@@ -237,8 +242,8 @@ class DevicePool::Impl {
   template <class F>
   void for_each_cut_run(uintptr_t addr, uint64_t size, F&& f) const {
     const uint64_t first = granule_index(addr), last = granule_index(addr + size - 1);
-    const uint64_t whole_lo = granule_index(round_up(addr, granularity_));
-    const uint64_t whole_end = granule_index(addr + size - (addr + size - va_.base()) % granularity_);
+    uint64_t whole_lo = 0, whole_end = 0;
+    whole_granules(addr, size, &whole_lo, &whole_end);
     uint64_t seen = kUnmapped;
     for (uint64_t g : {first, last}) {
       if (!mapped(g)) continue;
@@ -279,6 +284,17 @@ class DevicePool::Impl {
   // Releases spare pages, those not marked in `keep` (same length as spare_; empty: none
   // kept), until at least `bytes` went or none is left to release. Returns the bytes.
   uint64_t release_spare_for(uint64_t bytes, const std::vector<bool>& keep);
+  // Adds pages to the spare list / takes spare_[i] out of it, spare_bytes_ kept in step.
+  void push_spare(cuda::PhysicalPages pages) {
+    spare_bytes_ += pages.size();
+    spare_.push_back(std::move(pages));
+  }
+  cuda::PhysicalPages take_spare(size_t i) {
+    cuda::PhysicalPages pages = std::move(spare_[i]);
+    spare_.erase(spare_.begin() + std::ptrdiff_t(i));
+    spare_bytes_ -= pages.size();
+    return pages;
+  }
   // Pages map_range() took and could not use: created ones are released (kept as spare
   // when CUDA refuses), recycled ones go back to the spare list.
   void give_back(cuda::PhysicalPages pages, bool was_spare);
@@ -642,11 +658,9 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
     size_t spare = SIZE_MAX;  // the index in spare_ of the pages it takes, or SIZE_MAX: new
   };
   std::vector<Run> runs;
-  const uintptr_t end = addr + size;
-  auto whole = [&](uint64_t g) {
-    const uintptr_t gs = va_.base() + g * granularity_;
-    return gs >= addr && gs + granularity_ <= end;
-  };
+  uint64_t whole_lo = 0, whole_end = 0;
+  whole_granules(addr, size, &whole_lo, &whole_end);
+  auto whole = [&](uint64_t g) { return g >= whole_lo && g < whole_end; };
   for (uint64_t g = first; g <= last;) {
     if (mapped(g)) {
       ++g;
@@ -700,11 +714,7 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
     for (size_t r = 0; r < runs.size(); ++r)
       if (runs[r].spare != SIZE_MAX) by_index.emplace_back(runs[r].spare, r);
     std::sort(by_index.rbegin(), by_index.rend());
-    for (auto [i, r] : by_index) {
-      pages_of[r] = std::move(spare_[i]);
-      spare_.erase(spare_.begin() + std::ptrdiff_t(i));
-      spare_bytes_ -= pages_of[r].size();
-    }
+    for (auto [i, r] : by_index) pages_of[r] = take_spare(i);
   }
   std::vector<std::pair<uint64_t, bool>> mapped_now;  // the runs this call mapped: (head, pages were spare)
   for (size_t r = 0; r < runs.size(); ++r) {
@@ -737,16 +747,10 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
         } catch (const cuda::CudaError&) {
           continue;  // CUDA refused: it stays mapped, counted, an unused run unmapped later
         }
-        cuda::PhysicalPages pages = std::move(spare_.back());
-        spare_.pop_back();
-        spare_bytes_ -= pages.size();
-        give_back(std::move(pages), was_spare);
+        give_back(take_spare(spare_.size() - 1), was_spare);  // the pages unmap_run made spare
       }
       for (size_t k = r + 1; k < runs.size(); ++k)
-        if (pages_of[k]) {
-          spare_bytes_ += pages_of[k].size();
-          spare_.push_back(std::move(pages_of[k]));
-        }
+        if (pages_of[k]) push_spare(std::move(pages_of[k]));
       if (!e.out_of_memory()) throw;
       *why = "the device's free memory";
       pressed_ = remapping_ = true;
@@ -770,8 +774,7 @@ void DevicePool::Impl::give_back(cuda::PhysicalPages pages, bool was_spare) {
       // CUDA refused: kept as spare (still reserved), released again by release_spare().
     }
   }
-  spare_bytes_ += pages.size();
-  spare_.push_back(std::move(pages));
+  push_spare(std::move(pages));
 }
 
 bool DevicePool::Impl::unmap_cut_runs(uintptr_t addr, uint64_t size) {
@@ -795,8 +798,7 @@ void DevicePool::Impl::unmap_run(uint64_t head) {
   Granule& h = granules_[head];
   h.mapping.unmap();
   const uint64_t count = h.count;
-  spare_bytes_ += h.pages.size();
-  spare_.push_back(std::move(h.pages));
+  push_spare(std::move(h.pages));
   for (uint64_t g = head; g < head + count; ++g) granules_[g].head = kUnmapped;
   h.count = 0;
   mapped_ -= count * granularity_;
