@@ -24,6 +24,19 @@
 //    it goes cold (the copy engine idles during most of the forward), and its pages stay
 //    mapped (clean) until an allocation needs them: early copying costs PCIe time the step
 //    was not using, not memory.
+//  * Smaller victims. Belady's rule takes whole blocks, the one needed furthest first, so at
+//    mild pressure one large block can be most of what moves (VGG-16 at batch 128 and 90%:
+//    its first activation, 1.53 GiB, for 1 GiB that must leave). When the victims exceed
+//    the worst X by more than a margin (X/64), the largest victim is set aside with every
+//    block of its size or more that the plan left alone, and Belady's rule picks again (for
+//    X plus the margin: a plan of small blocks can match X to the byte, and X holds the
+//    pool's overhead only where an allocation waited); up to `smaller_victim_trials` times,
+//    the largest victim not yet tried each time. The other plan is kept when it costs less
+//    (its bytes, plus `victim_cost_ns` a victim at the copy rate: a victim's pages are
+//    unmapped and mapped again, a fixed cost that a plan of many small blocks pays many
+//    times) and risks no more: no more of X uncovered, no more bytes whose copies out land
+//    late, no later fetches (summed over the victims, at the copy rate). Each trial costs
+//    as much as the first plan (bench/policy/planner_bench.cpp).
 //  * Fetches, scheduled by memory: walking the victims in order of use, each one's fetch
 //    starts right after the last point that still needs its bytes out (given the fetches
 //    scheduled before it), so it lands as early as memory allows. A victim no point needs
@@ -78,6 +91,11 @@ struct PlanOptions {
   std::vector<uint64_t> extra;     // per point (shorter: 0 past its end): feedback
   double bytes_per_ns = 0;         // the device-to-host copy rate; 0: not known (the plan
                                    // ignores time)
+  uint64_t victim_cost_ns = 0;     // what a victim costs beyond its copy (its pages unmapped
+                                   // and mapped again), weighed at bytes_per_ns against the
+                                   // bytes a plan of smaller victims saves
+  int smaller_victim_trials = 8;   // how many of the largest victims make_plan tries to
+                                   // replace by smaller blocks (0: Belady's victims as chosen)
 };
 
 struct Plan {

@@ -135,7 +135,7 @@ void StepRecorder::plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns)
     }
   }
   step_.time_ns = std::move(time_ns);
-  plan_ = make_plan(step_, PlanOptions{limit_, 0, extra_, bytes_per_ns});
+  plan_ = make_plan(step_, PlanOptions{limit_, 0, extra_, bytes_per_ns, kVictimCostNs});
   fetches_.assign(recorded_points_, {});
   std::vector<uint32_t> victims;
   for (uint32_t b = 0; b < plan_.fetch_at.size(); ++b)

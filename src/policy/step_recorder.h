@@ -47,6 +47,13 @@ namespace vramswap::policy {
 
 enum class PointKind : uint8_t { kGraph, kAlloc, kPack, kCold, kUnpack, kRelease };
 
+// What a victim costs the step beyond its copy (PlanOptions::victim_cost_ns): its pages
+// unmapped when it leaves and mapped again when it comes back. Measured on an H100
+// (tests/gpu/vmm_cost.py): map, access and unmap of one physical allocation take 60-98 us
+// whatever its size, and a victim's pages are one allocation (Note [Runs] in
+// pool/device_pool.cpp).
+constexpr uint64_t kVictimCostNs = 100'000;
+
 class StepRecorder {
  public:
   // `enabled` false: nothing is recorded and no plan is ever followed (VRAMSWAP_PLAN=off).
@@ -87,6 +94,11 @@ class StepRecorder {
   // Following: the plan copies `block` out as soon as it is cold.
   bool planned_victim(uint32_t block) const {
     return following_ && block < plan_.evict.size() && plan_.evict[block];
+  }
+  // Following: `block` is a victim the plan wants out now (its planned fetch is still to
+  // come).
+  bool planned_out(uint32_t block) const {
+    return planned_victim(block) && plan_.fetch_at[block] != kNoPoint && step_.demand.size() <= plan_.fetch_at[block];
   }
   // Following: the blocks whose fetch starts after point `p`, in order of use.
   const std::vector<uint32_t>& fetches_after(uint32_t p) const;

@@ -205,6 +205,12 @@ class Engine::Impl {
     auto w = order_.window(options_.horizon);
     return {w.begin(), w.end()};
   }
+  // A clean block the prefetch window keeps: not one the plan being followed wants out now
+  // (the window is the reactive policy's; following, it stands aside for the plan's victims,
+  // else the reactive policy evicts a block the plan keeps in a victim's place).
+  bool kept_clean(uint32_t slot, const std::set<uint32_t>& window) const {
+    return window.count(slot) && !recorder_.planned_out(slots_[slot].step_block);
+  }
   // Starts the D2H copy of a cold resident block. False when the host tier is full.
   bool start_eviction(uint32_t slot);
   // How a fetch finds memory. kNeeded (a fault, a release): evicts others, waiting, when
@@ -666,11 +672,14 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
   s->cold = false;
   order_.set_cursor(s->key);
   note_point(policy::PointKind::kUnpack, s->step_block, 0, capturing ? nullptr : stream);
-  // Prefetch the window; make room for it by giving up what is needed furthest away.
+  // Prefetch the window; make room for it by giving up what is needed furthest away. A victim
+  // the plan being followed still wants out is left to its planned fetch: fetched sooner, it
+  // takes memory the plan counts on, and the allocations there evict beyond the plan.
   if (options_.horizon > 0) {
     try {
       for (uint32_t next : order_.window(options_.horizon)) {
         Slot& n = slots_[next];
+        if (recorder_.planned_out(n.step_block)) continue;
         if (n.residency == Residency::kEvicting) {
           n.cancel = true;
         } else if (n.residency == Residency::kEvicted) {
@@ -1078,7 +1087,7 @@ uint64_t Engine::Impl::drop_clean(uint64_t bytes, uint32_t except, bool window_t
   uint64_t dropped = 0;
   order_.each_furthest_first([&](uint32_t slot) {
     if (dropped >= bytes) return false;
-    if (slot == except || slots_[slot].residency != Residency::kClean || window.count(slot)) return true;
+    if (slot == except || slots_[slot].residency != Residency::kClean || kept_clean(slot, window)) return true;
     dropped += drop(slot);
     return true;
   });
@@ -1093,7 +1102,7 @@ uint64_t Engine::Impl::make_room(uint64_t bytes, uint32_t except, bool window_to
     if (covered >= bytes) return false;
     if (slot == except) return true;
     Slot& s = slots_[slot];
-    if (s.residency == Residency::kClean && !window.count(slot)) {
+    if (s.residency == Residency::kClean && !kept_clean(slot, window)) {
       covered += drop(slot);  // what it freed: a granule shared with a block in use stays
     } else if (!evictable(slot, window)) {
       return true;  // not a victim
@@ -1116,15 +1125,17 @@ uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t
   // drop at once; a fetch that completed makes its block resident, and it may be a victim
   // by now (the window moved on while it was in flight).
   complete_copies(false);
-  if (mode == ReclaimMode::kNoWait && recorder_.following()) {
+  if (recorder_.following()) {
     // The plan's victims, copied out since they went cold, are what it gives up at once; no
     // eviction starts beyond the plan before the pool has tried its own measures (the
     // forward's cached blocks, once the stream is synchronized: waiting for queued work
-    // costs less than two copies over the bus).
+    // costs less than two copies over the bus). An allocation that must wait gives them up
+    // first as well: Belady's rule over clean and evictable blocks together copies out a
+    // block needed later than a victim of the plan, which only wants its pages unmapped.
     drop_clean(bytes, except);
-    return freed();
+    if (mode == ReclaimMode::kNoWait || freed() >= bytes) return freed();
   }
-  make_room(bytes, except);
+  make_room(bytes - freed(), except);
   if (mode == ReclaimMode::kNoWait) return freed();
   // Rounds 0 and 1 spare the prefetch window; waiting for round 0's copies may land fetches
   // whose blocks are victims for round 1. Round 2 is the last resort before an out-of-memory:

@@ -54,6 +54,11 @@ const Case kCases[] = {
     {"AnEmptyStepHasNoPlan", {}, {}, 10, {}, 0, 0},
     // A use point before the cold point (never recorded) leaves no range.
     {"AUseBeforeTheColdPointIsIgnored", {6, 12, 6, 6}, {{4, 2, 1}}, 10, {N}, 2, 2},
+    // 5 over at point 2: Belady takes the 8 needed last, 3 more than needed; the 4 and the 2
+    // (needed sooner, still after the peak) move 6 (VGG-16 at 90%: one 1.53 GiB block for
+    // 1 GiB that must leave). Fetches: the 4 right after the peak, the 2 once point 3 is past.
+    {"SmallerBlocksReplaceAnOversizedVictim", {6, 8, 15, 12, 8, 6, 5, 4, 3, 3}, {{8, 0, 9}, {4, 0, 7}, {2, 0, 8}}, 10,
+     {N, 2, 3}, 5, 0},
 };
 
 class MakePlan : public testing::TestWithParam<Case> {};
@@ -137,6 +142,23 @@ TEST(MakePlanTimed, WhenNoCopyCanLandInTimeTheOneThatLandsFirstIsChosen) {
 TEST(MakePlanTimed, TimesOfTheWrongLengthAreIgnored) {
   RecordedStep step{{10, 10, 10, 10, 50, 10, 10, 10, 10, 10, 10, 10}, {{40, 0, 9}, {40, 3, 11}}, {0, 10}};
   EXPECT_EQ(std::vector<uint8_t>({0, 1}), make_plan(step, {10, 0, {}, 1.0}).evict);
+}
+
+// Each victim costs a fixed time beyond its bytes (its pages unmapped, mapped again: VMM
+// calls that take about as long for one granule as for a thousand). Replacing one 8-unit
+// victim by five units of blocks of 1 saves 3 units of copy but adds four victims: at a cost
+// of 1 unit each (1 ns at 1 byte/ns), the 8 stays; free, the five blocks replace it.
+TEST(MakePlanVictimCost, SmallerVictimsMustSaveMoreThanTheyCost) {
+  RecordedStep step{{6, 8, 15, 12, 8, 6, 5, 4, 3, 3},
+                    {{8, 0, 9}, {1, 0, 8}, {1, 0, 8}, {1, 0, 8}, {1, 0, 8}, {1, 0, 8}, {1, 0, 8}},
+                    {}};
+  const Plan free_victims = make_plan(step, {10, 0, {}, 1.0, 0});
+  EXPECT_EQ(0, free_victims.evict[0]);
+  EXPECT_EQ(5u, free_victims.planned_bytes);
+  const Plan costly = make_plan(step, {10, 0, {}, 1.0, 1});
+  EXPECT_EQ(1, costly.evict[0]);
+  EXPECT_EQ(8u, costly.planned_bytes);
+  EXPECT_EQ(1u, costly.num_victims);
 }
 
 // Every point's bytes out under the plan cover what must be out there, wherever a cold

@@ -100,6 +100,96 @@ TEST_F(PlanTest, FollowingAPlanTheNoWaitReclaimStartsNoEvictionBeyondIt) {
   EXPECT_EQ("", engine_->check_invariants());
 }
 
+// The plan's victims are the blocks it needs out, wherever they stand in backward's order:
+// with two victims among six blocks and a prefetch window of five, block 1 is both. Kept
+// for the window, it stayed mapped when an allocation needed its memory, and the reactive
+// policy evicted a block the plan keeps in its place (at gpt-small's junction at 90%, a
+// 384 MiB block for the 20 MiB the plan's small victims in the window would have freed).
+TEST_F(PlanTest, APlannedVictimInThePrefetchWindowIsGivenUpWhenItsMemoryIsNeeded) {
+  EngineOptions options;
+  options.horizon = 5;
+  start(24 * kMiB, options);
+  step(6, 10);  // recorded: 8 MiB must leave at the junction; the plan evicts blocks 0 and 1
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  pool_->empty_cache();  // as in the test above: the forward needs no page a victim holds
+  engine_->graph_begin();
+  const Saved saved = save_cold(6, 40);
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());  // the planned copies have landed
+  ASSERT_EQ(2 * kBlock, stats().clean_bytes) << "the plan's two victims are copied out and still mapped";
+  const uint64_t freed = engine_->reclaim(2 * kBlock, DevicePool::ReclaimMode::kNoWait);
+  EXPECT_EQ(2 * kBlock, freed) << "both victims of the plan are given up, block 1 (in the window) too";
+  EXPECT_EQ(0u, stats().in_flight_bytes);
+  for (int i = 5; i >= 0; --i) use_and_free(saved, i, 40);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+// Following a plan whose victim is not the block needed last (here the 4 MiB block 1 covers
+// the 2 MiB that must leave, where block 0 would move 8), an allocation that must wait gives
+// up the plan's clean victim before it starts any eviction. Belady's rule over clean and
+// evictable blocks together started the eviction of block 0, needed later, and waited for its
+// copy (at gpt-small's junction at 90%, a 384 MiB block copied out for 20 MiB of the plan's
+// small victims already copied out).
+TEST_F(PlanTest, AnAllocationThatMustWaitGivesUpThePlansVictimsFirst) {
+  start(34 * kMiB);
+  step(6, 10, /*odd=*/0, /*odd_size=*/2 * kBlock);  // 2 MiB must leave at the junction
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  pool_->empty_cache();  // as in the tests above: the forward needs no page a victim holds
+  const EngineStats before = stats();
+  engine_->graph_begin();
+  Saved saved;
+  for (int i = 0; i < 6; ++i) {
+    saved.blocks.push_back(tagged(uint8_t(40 + i), i == 0 ? 2 * kBlock : kBlock));
+    saved.handles.push_back(pack_cold(saved.blocks.back()));
+  }
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());  // the planned copy has landed
+  ASSERT_EQ(kBlock, stats().clean_bytes) << "the plan's victim, block 1, is copied out and still mapped";
+  const uint64_t freed = engine_->reclaim(kBlock, DevicePool::ReclaimMode::kFull);
+  EXPECT_EQ(kBlock, freed);
+  EXPECT_EQ(kBlock, stats().bytes_evicted_total - before.bytes_evicted_total) << "nothing beyond the plan left";
+  for (int i = 5; i >= 0; --i) use_and_free(saved, i, 40, i == 0 ? 2 * kBlock : kBlock);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+// Following a plan, the prefetch window does not fetch the plan's victims before their
+// planned fetches: the plan brings each back once memory allows, and one fetched sooner takes
+// memory the plan counts on (VGG-16 at batch 128 and 75%: the window fetched a 784 MiB victim
+// early, the allocations after it waited, and the reactive policy evicted and fetched a
+// 1.53 GiB block the plan keeps three times a step).
+TEST_F(PlanTest, ThePrefetchWindowLeavesThePlansVictimsToThePlan) {
+  EngineOptions options;
+  options.horizon = 5;
+  start(24 * kMiB, options);
+  // Six 4 MiB blocks; the junction (8 MiB) goes after block 5's use, and another 8 MiB
+  // untagged block is allocated after block 4's: 8 MiB must leave at the junction, 4 MiB
+  // after block 4's use, when the window (blocks 3 to 0) finds 8 MiB free.
+  auto run = [&](uint8_t seed) {
+    engine_->graph_begin();
+    const Saved saved = save_cold(6, seed);
+    std::string error;
+    void* junction = pool_->allocate(kJunction, stream_, &error);
+    EXPECT_NE(nullptr, junction) << error;
+    use_and_free(saved, 5, seed, kBlock, [&] { EXPECT_TRUE(pool_->deallocate(junction, stream_).ok); });
+    EXPECT_TRUE(engine_->unpack(saved.handles[4], stream_).ok);
+    void* late = pool_->allocate(kJunction, stream_, &error);
+    EXPECT_NE(nullptr, late) << error;
+    EXPECT_TRUE(holds(saved.blocks[4], uint8_t(seed + 4), kBlock));
+    EXPECT_TRUE(engine_->release(saved.handles[4]).ok);
+    EXPECT_TRUE(engine_->free_tagged(saved.blocks[4], stream_).ok);
+    EXPECT_TRUE(pool_->deallocate(late, stream_).ok);
+    for (int i = 3; i >= 0; --i) use_and_free(saved, i, seed);
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream_));
+    EXPECT_EQ("", engine_->check_invariants());
+  };
+  run(10);  // recorded
+  const EngineStats before = stats();
+  run(40);
+  EXPECT_EQ(1u, stats().num_planned_steps);
+  EXPECT_EQ(0u, stats().num_plan_divergences);
+  EXPECT_EQ(stats().planned_bytes_d2h - before.planned_bytes_d2h, stats().bytes_evicted_total - before.bytes_evicted_total)
+      << "a victim fetched early by the window took the memory the late allocation needed: it evicted beyond the plan";
+  EXPECT_EQ(0u, stats().num_faults - before.num_faults);
+}
+
 // Following the plan, the junction needs 4 MiB more than the recorded step did (untagged, so
 // not a divergence): the reactive policy evicts block 1, which the plan keeps. Its fetch
 // joins the plan's, ahead of block 0's (needed after it): before, it waited for the prefetch
