@@ -356,7 +356,7 @@ void* HostTier::allocate(size_t bytes, std::string* error) {
       }
       headroom = s.limit - s.pinned.load();
     }
-    const uint64_t want = std::max(
+    uint64_t want = std::max(
         least, std::min(s.placer->chunk_bytes_for(size, s.chunk),
                         headroom / kHostChunkGranularity * kHostChunkGranularity));
 
@@ -367,6 +367,14 @@ void* HostTier::allocate(size_t bytes, std::string* error) {
     try {
       s.release_outside(released);
       base = pin_chunk(s.device, want, &pin_error);
+      if (base == nullptr && want > least) {
+        // The host will not pin a whole chunk (its RAM, or RLIMIT_MEMLOCK in a container):
+        // the least chunk that holds the block may still be pinned.
+        std::string least_error;
+        base = pin_chunk(s.device, least, &least_error);
+        if (base != nullptr) want = least;
+        else pin_error += "; pinning " + format_size(least) + ", the least that holds the block, failed too: " + least_error;
+      }
     } catch (...) {  // std::bad_alloc from a message: the waiting threads must not hang
       lock.lock();
       s.growing = false;

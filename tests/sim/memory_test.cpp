@@ -261,6 +261,38 @@ TEST_F(Memory, HostRegisterAndUnregisterErrors) {
   std::free(host);
 }
 
+// CUDASIM_HOST_PINNED_LIMIT=8MiB (CTest registers the cases again with it): memory pinned by
+// cudaHostAlloc and by cudaHostRegister counts against one limit, as page-locked memory does
+// against the host's; past it pinning fails with cudaErrorMemoryAllocation and changes
+// nothing, and freeing makes room again.
+TEST_F(Memory, PinningPastTheHostPinnedLimitFails) {
+  const char* limit = std::getenv("CUDASIM_HOST_PINNED_LIMIT");
+  if (!limit || std::strcmp(limit, "8MiB") != 0)
+    GTEST_SKIP() << "needs CUDASIM_HOST_PINNED_LIMIT=8MiB (ctest sets it)";
+  constexpr size_t kMiB = 1 << 20;
+  void* a = nullptr;
+  ASSERT_CUDA_OK(cudaHostAlloc(&a, 6 * kMiB, cudaHostAllocDefault));
+  void* b = nullptr;
+  EXPECT_EQ(cudaErrorMemoryAllocation, cudaHostAlloc(&b, 4 * kMiB, cudaHostAllocDefault));
+  EXPECT_EQ(nullptr, b);
+  cudaGetLastError();
+  void* host = std::aligned_alloc(4096, 4 * kMiB);
+  ASSERT_NE(nullptr, host);
+  EXPECT_EQ(cudaErrorMemoryAllocation, cudaHostRegister(host, 4 * kMiB, cudaHostRegisterDefault))
+      << "registered memory is page-locked too";
+  cudaGetLastError();
+  EXPECT_EQ(cudaErrorHostMemoryNotRegistered, cudaHostUnregister(host)) << "the refused call registered nothing";
+  cudaGetLastError();
+  ASSERT_CUDA_OK(cudaHostRegister(host, 2 * kMiB, cudaHostRegisterDefault)) << "up to the limit is allowed";
+  EXPECT_EQ(cudaErrorMemoryAllocation, cudaMallocHost(&b, 4096));
+  cudaGetLastError();
+  ASSERT_CUDA_OK(cudaFreeHost(a));
+  ASSERT_CUDA_OK(cudaHostAlloc(&b, 6 * kMiB, cudaHostAllocDefault)) << "freeing made room";
+  EXPECT_CUDA_OK(cudaFreeHost(b));
+  EXPECT_CUDA_OK(cudaHostUnregister(host));
+  std::free(host);
+}
+
 TEST_F(Memory, RegisteredHostMemoryIsHostTypeAndCopies) {
   constexpr size_t kSize = 64 * 1024;
   std::vector<unsigned char> host = pattern(kSize, 9);

@@ -783,7 +783,9 @@ INSTANTIATE_TEST_SUITE_P(
                       BadSetting{"CUDASIM_HOST_COSTS", "a100",
                                  "CUDASIM_HOST_COSTS='a100' is not valid; accepted: none, h100, or either followed"},
                       BadSetting{"CUDASIM_HOST_COSTS", "h100,map=fast", "CUDASIM_HOST_COSTS='h100,map=fast' is not valid"},
-                      BadSetting{"CUDASIM_HOST_COSTS", "h100,remap=3", "CUDASIM_HOST_COSTS='h100,remap=3' is not valid"}),
+                      BadSetting{"CUDASIM_HOST_COSTS", "h100,remap=3", "CUDASIM_HOST_COSTS='h100,remap=3' is not valid"},
+                      BadSetting{"CUDASIM_HOST_PINNED_LIMIT", "lots",
+                                 "CUDASIM_HOST_PINNED_LIMIT='lots' is not valid; accepted: a size up to 1PiB"}),
     [](const ::testing::TestParamInfo<BadSetting>& info) {
       return std::string(info.param.name + std::strlen("CUDASIM_")) + "_" + std::to_string(info.index);
     });

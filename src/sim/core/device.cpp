@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 
 #include "env.h"
 #include "stream.h"
@@ -110,6 +111,22 @@ std::atomic<uint64_t>& pinned_host_bytes() {
 std::atomic<uint64_t>& registered_host_bytes() {
   static std::atomic<uint64_t> bytes{0};
   return bytes;
+}
+
+bool lock_host_pages(std::atomic<uint64_t>& counter, uint64_t bytes) {
+  const uint64_t limit = settings().host_pinned_limit;
+  if (limit == 0) {
+    counter.fetch_add(bytes);
+    return true;
+  }
+  // One lock for the check and the count, so that two threads cannot both pass the limit;
+  // releases only subtract, and may do so without it.
+  static std::mutex mu;
+  std::lock_guard lock(mu);
+  const uint64_t locked = pinned_host_bytes().load() + registered_host_bytes().load();
+  if (bytes > limit || locked > limit - bytes) return false;
+  counter.fetch_add(bytes);
+  return true;
 }
 
 void Device::reset_counters() {

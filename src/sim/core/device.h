@@ -146,6 +146,10 @@ bool& in_host_function();
 // Pinned and registered host memory of the process, in bytes (cudasim_counters).
 std::atomic<uint64_t>& pinned_host_bytes();
 std::atomic<uint64_t>& registered_host_bytes();
+// Counts `bytes` more of page-locked host memory in `counter` (pinned_host_bytes() or
+// registered_host_bytes()) unless the two together would pass CUDASIM_HOST_PINNED_LIMIT;
+// false (nothing counted) when they would. Thread-safe.
+bool lock_host_pages(std::atomic<uint64_t>& counter, uint64_t bytes);
 
 // The memory allocation granularity of the VMM API on cudasim (and on current GPUs).
 constexpr uint64_t kGranularity = 2ull << 20;

@@ -306,8 +306,15 @@ CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
   const unsigned known = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
   if (!pp || (flags & ~known)) return call.ret(CUDA_ERROR_INVALID_VALUE);
   if (CUresult r = check_unsafe_call()) return call.ret(r);
+  if (!lock_host_pages(pinned_host_bytes(), bytes)) {
+    call.note("%zu bytes: past CUDASIM_HOST_PINNED_LIMIT", bytes);
+    return call.ret(CUDA_ERROR_OUT_OF_MEMORY);
+  }
   void* p = map_anonymous(bytes);
-  if (!p) return call.ret(CUDA_ERROR_OUT_OF_MEMORY);
+  if (!p) {
+    pinned_host_bytes().fetch_sub(bytes);
+    return call.ret(CUDA_ERROR_OUT_OF_MEMORY);
+  }
   Region r;
   r.base = reinterpret_cast<uintptr_t>(p);
   r.size = bytes;
@@ -320,7 +327,6 @@ CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
     std::unique_lock lock(as.mu);
     as.regions[r.base] = r;
   }
-  pinned_host_bytes().fetch_add(bytes);
   charge_host(settings().host_costs.host_alloc_ns_per_mib * bytes / (1u << 20));
   *pp = p;
   call.note("%zu bytes -> %p", bytes, p);
@@ -366,6 +372,10 @@ CUresult cuMemHostRegister_v2(void* p, size_t bytes, unsigned int flags) {
   AddressSpace& as = address_space();
   std::unique_lock lock(as.mu);
   if (as.overlaps(reinterpret_cast<uintptr_t>(p), bytes)) return call.ret(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  if (!lock_host_pages(registered_host_bytes(), bytes)) {
+    call.note("past CUDASIM_HOST_PINNED_LIMIT");
+    return call.ret(CUDA_ERROR_OUT_OF_MEMORY);
+  }
   Region r;
   r.base = reinterpret_cast<uintptr_t>(p);
   r.size = bytes;
@@ -374,7 +384,6 @@ CUresult cuMemHostRegister_v2(void* p, size_t bytes, unsigned int flags) {
   r.device = current_device()->ordinal();
   r.flags = flags;
   as.regions[r.base] = r;
-  registered_host_bytes().fetch_add(bytes);
   return call.ret(CUDA_SUCCESS);
 }
 

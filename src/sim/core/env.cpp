@@ -146,6 +146,14 @@ Settings read_settings() {
                   "(create, map, access, unmap, release: per call or mapping; pin, unpin: per MiB), "
                   "e.g. none,pin=650 or h100,access=0");
   }
+  if (const char* v = std::getenv("CUDASIM_HOST_PINNED_LIMIT"); v && *v) {
+    auto bytes = vramswap::parse_size(v);
+    if (!bytes || *bytes > (1ull << 50))
+      bad_setting("CUDASIM_HOST_PINNED_LIMIT", v,
+                  "a size up to 1PiB (0: no limit), as a number with an optional unit B, K, KiB, M, MiB, G, GiB, "
+                  "T, TiB (1024-based)");
+    s.host_pinned_limit = *bytes;
+  }
   if (const char* v = std::getenv("CUDASIM_FAIL"); v && *v) {
     std::string why;
     if (!check_fail_spec(v, &why)) bad_setting("CUDASIM_FAIL", v, why, kFailSpecAccepted);

@@ -51,6 +51,11 @@ struct Settings {
   bool unbacked = false;                // CUDASIM_UNBACKED=1: copies and memsets time but touch no data
   bool timeline = false;                // CUDASIM_TIMELINE=1: record the timeline in real-time mode too
   HostCosts host_costs;                 // CUDASIM_HOST_COSTS=none|h100[,name=us...]: slow calls' host time
+  // CUDASIM_HOST_PINNED_LIMIT: the most host memory the process may have page-locked at once,
+  // cuMemHostAlloc'ed and cuMemHostRegister'ed together (0: no limit, the default). A real
+  // driver refuses to pin once the host cannot lock more pages (its RAM, or RLIMIT_MEMLOCK in
+  // a container): pinning that would pass the limit fails with out-of-memory.
+  uint64_t host_pinned_limit = 0;
   std::string fail_spec;                // CUDASIM_FAIL: calls that fail on purpose (fault.h); checked here
   uint64_t fail_seed = 1;               // CUDASIM_FAIL_SEED: the generator of CUDASIM_FAIL's pX rules
 };
