@@ -145,6 +145,15 @@ void vramswap_record_stream(void* ptr, struct CUstream_st* stream) noexcept {
   });
 }
 
+void vramswap_stream_destroyed(struct CUstream_st* stream) noexcept {
+  vramswap::clear_last_error();
+  guarded<int>(__func__, 0, [&] {
+    std::string error;
+    if (!used_allocator().stream_destroyed(stream, &error)) vramswap::set_last_error(error);
+    return 0;
+  });
+}
+
 void vramswap_empty_cache(void) noexcept {
   vramswap::clear_last_error();
   guarded<int>(__func__, 0, [] {

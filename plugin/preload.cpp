@@ -24,6 +24,10 @@
 //                         default stream first synchronizes it: the pool tags blocks by
 //                         stream handle, and cudaStreamPerThread is one handle for many
 //                         threads' streams, so its stream order cannot be told apart.
+//   cudaStreamDestroy     tells vramswap's pools first (Allocator::stream_destroyed): none
+//                         names the stream to CUDA again, where a destroyed handle is
+//                         undefined behaviour (a block allocated on it, freed later, used to
+//                         record an event there); then the real function destroys it.
 //   cudaMemGetInfo        total = the device's vramswap limit; free = what vramswap could
 //                         still hand out: min(limit - allocated, the device's free memory +
 //                         the pool's cached bytes). With no limit and no pool it is the
@@ -77,6 +81,7 @@ struct RealRuntime {
   cudaError_t (*free_async)(void*, cudaStream_t) = nullptr;
   cudaError_t (*free_async_ptsz)(void*, cudaStream_t) = nullptr;
   cudaError_t (*mem_get_info)(size_t*, size_t*) = nullptr;
+  cudaError_t (*stream_destroy)(cudaStream_t) = nullptr;
 };
 
 template <typename F>
@@ -98,6 +103,7 @@ const RealRuntime& real() {
     resolve(r.free_async, "cudaFreeAsync");
     resolve(r.free_async_ptsz, "cudaFreeAsync_ptsz");
     resolve(r.mem_get_info, "cudaMemGetInfo");
+    resolve(r.stream_destroy, "cudaStreamDestroy");
     return r;
   }();
   return runtime;
@@ -247,6 +253,23 @@ VRAMSWAP_INTERPOSED cudaError_t cudaFree(void* ptr) {
   } catch (...) {
     return vramswap::internal_error(__func__, nullptr);
   }
+}
+
+VRAMSWAP_INTERPOSED cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (!t_inside) {
+    Inside inside;
+    try {
+      std::string error;
+      if (!vramswap::Allocator::instance().stream_destroyed(stream, &error))
+        vramswap::stats::log(vramswap::config::LogLevel::kWarn, "cudaStreamDestroy(%p): %s", static_cast<void*>(stream),
+                             error.c_str());
+    } catch (const std::exception& e) {
+      vramswap::stats::log(vramswap::config::LogLevel::kWarn, "cudaStreamDestroy(%p): %s", static_cast<void*>(stream),
+                           e.what());
+    } catch (...) {
+    }
+  }
+  return vramswap::call_real(real().stream_destroy, stream);
 }
 
 VRAMSWAP_INTERPOSED cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {

@@ -92,7 +92,8 @@ void* vramswap_torch_malloc(size_t size, int device, struct CUstream_st* stream)
  * stream and by others only after the work queued on it so far has completed. A free on
  * cudaStreamPerThread first waits for the calling thread's own stream (that handle names a
  * different stream on every thread). A free is all or nothing: if its reuse cannot be
- * ordered (a stream that used the block was destroyed), the device is synchronized instead;
+ * ordered (CUDA refused an event on a stream that used the block; a stream destroyed since
+ * must have been announced with vramswap_stream_destroyed), the device is synchronized instead;
  * if even that fails the block stays allocated and the last error says why. `size` and
  * `device` are hints (the pool that owns `ptr` is found from the address). NULL is a no-op.
  * A pointer vramswap did not hand out, or one already freed, sets the last error, logs a
@@ -103,6 +104,14 @@ void vramswap_free(void* ptr, size_t size, int device, struct CUstream_st* strea
  * when the block is freed, its memory is not reused until the work queued on `stream` up
  * to the free has completed. An unknown pointer sets the last error. Thread-safe. */
 void vramswap_record_stream(void* ptr, struct CUstream_st* stream) VRAMSWAP_NOEXCEPT;
+
+/* Call before destroying a stream that blocks were allocated on (or that
+ * vramswap_record_stream named) while any of them may still be live or cached: vramswap
+ * never names the stream to CUDA again, where a destroyed handle is undefined behaviour.
+ * It synchronizes the stream once if it knows it, and costs nothing otherwise. Under
+ * libvramswap_preload.so, cudaStreamDestroy does this itself. A failed synchronization sets
+ * the last error (the blocks then keep waiting on the stream). Thread-safe. */
+void vramswap_stream_destroyed(struct CUstream_st* stream) VRAMSWAP_NOEXCEPT;
 
 /* Releases all cached device memory (physical pages under no live block) of every device
  * back to the driver; live blocks are untouched. Thread-safe; it may wait for pending

@@ -120,6 +120,7 @@ class DevicePool::Impl {
   void* allocate(size_t size, cudaStream_t stream, std::string* error);
   Result deallocate(void* ptr, cudaStream_t stream);
   Result record_stream(void* ptr, cudaStream_t stream);
+  Result stream_destroyed(cudaStream_t stream);
   void* allocate_offloadable(size_t size, cudaStream_t stream, std::string* error, uint64_t* placed);
   Result unmap_block(void* ptr, bool* partly, uint64_t* freed);
   Result map_block(void* ptr, MapWait wait, cudaStream_t stream);
@@ -1405,6 +1406,37 @@ Result DevicePool::Impl::record_stream(void* ptr, cudaStream_t stream) {
   return {};
 }
 
+Result DevicePool::Impl::stream_destroyed(cudaStream_t stream) {
+  if (stream == kAnyStream || stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
+    return {};  // the default streams are never destroyed
+  std::unique_lock lock(mu_);
+  open_.erase(stream);
+  flush_quick();
+  auto names = [&](const Block& b) {
+    return b.state == State::kLive &&
+           (b.tag == stream || std::find(b.also_on.begin(), b.also_on.end(), stream) != b.also_on.end());
+  };
+  bool known = free_.count(stream) > 0;
+  for (const Pending& p : pending_) known = known || p.tag_after == stream;
+  for (const Promotion& p : promotions_) known = known || p.tag == stream;
+  for (auto it = blocks_.begin(); !known && it != blocks_.end(); ++it) known = names(it->second);
+  if (!known) return {};
+  // Its queued work done, nothing needs to wait on it: the blocks it freed go to any stream
+  // (synchronize_and_retire), and the events already recorded on it have completed.
+  if (!synchronize_and_retire(lock, stream))
+    return {false, "the stream about to be destroyed could not be synchronized on device " + std::to_string(device_) +
+                       "; the blocks it used keep waiting on it"};
+  for (auto& [addr, b] : blocks_) {
+    if (b.state != State::kLive) continue;
+    if (b.tag == stream) b.tag = kAnyStream;
+    std::erase(b.also_on, stream);
+  }
+  // Blocks still waiting for other streams' events would become free for it: for any.
+  for (Pending& p : pending_)
+    if (p.tag_after == stream) p.tag_after = kAnyStream;
+  return {};
+}
+
 void DevicePool::Impl::empty_cache() {
   std::unique_lock lock(mu_);
   poll_pending();
@@ -1568,6 +1600,7 @@ void* DevicePool::allocate(size_t size, cudaStream_t stream, std::string* error)
 Result DevicePool::deallocate(void* ptr, cudaStream_t stream) { return impl_->deallocate(ptr, stream); }
 uint64_t DevicePool::take_allocated_high() { return impl_->take_allocated_high(); }
 Result DevicePool::record_stream(void* ptr, cudaStream_t stream) { return impl_->record_stream(ptr, stream); }
+Result DevicePool::stream_destroyed(cudaStream_t stream) { return impl_->stream_destroyed(stream); }
 void DevicePool::empty_cache() { impl_->empty_cache(); }
 PoolStats DevicePool::stats() const { return impl_->stats(); }
 DevicePool::Census DevicePool::live_below(uint64_t bytes) const { return impl_->live_below(bytes); }

@@ -155,6 +155,16 @@ class DevicePool {
   // the work queued on `stream` before the free has completed. Thread-safe.
   Result record_stream(void* ptr, cudaStream_t stream);
 
+  // The program is about to destroy `stream` (still alive): after this call the pool never
+  // names it to CUDA again, where a destroyed handle is undefined behaviour (the driver may
+  // crash, or find a later stream at that address). When a live block was allocated on it
+  // or record_stream named it, or blocks it freed are cached for it, the stream is
+  // synchronized once (its queued work is what reuse had to wait for) and those blocks no
+  // longer wait on it: cached ones become free for any stream, live ones free as if that
+  // stream had never used them. A stream the pool does not know costs nothing. A refusal
+  // (the synchronization failed) leaves everything as it was. Thread-safe.
+  Result stream_destroyed(cudaStream_t stream);
+
   // Unmaps and releases every mapped run no live or pending block uses, and every spare
   // page. Thread-safe.
   void empty_cache();

@@ -370,6 +370,20 @@ bool Allocator::record_stream(void* ptr, cudaStream_t stream, std::string* error
   return r.ok;
 }
 
+bool Allocator::stream_destroyed(cudaStream_t stream, std::string* error) {
+  const int bound = device_bound_.load(std::memory_order_acquire);
+  bool ok = true;
+  for (int d = 0; d < bound; ++d)
+    if (pool::DevicePool* p = pool(d)) {
+      pool::Result r = p->stream_destroyed(stream);
+      if (!r.ok) {
+        if (ok) *error = std::move(r.message);
+        ok = false;
+      }
+    }
+  return ok;
+}
+
 void Allocator::empty_cache() {
   const int bound = device_bound_.load(std::memory_order_acquire);
   for (int d = 0; d < bound; ++d)

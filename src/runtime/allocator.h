@@ -154,6 +154,11 @@ class Allocator {
   // block is not live. Thread-safe.
   bool record_stream(void* ptr, cudaStream_t stream, std::string* error);
 
+  // The program is about to destroy `stream`: stream_destroyed on every pool (DevicePool's
+  // promise: none names it to CUDA again). False with *error set if a pool could not
+  // synchronize it. Thread-safe.
+  bool stream_destroyed(cudaStream_t stream, std::string* error);
+
   // The device whose pool's address range holds `ptr`, or -1. Thread-safe: lock-free.
   int owner_of(const void* ptr) const;
 

@@ -45,6 +45,7 @@ struct Api {
   decltype(&vramswap_torch_malloc) torch_malloc = nullptr;  // throws: see its test below
   decltype(&vramswap_free) free = nullptr;
   decltype(&vramswap_record_stream) record_stream = nullptr;
+  decltype(&vramswap_stream_destroyed) stream_destroyed = nullptr;
   decltype(&vramswap_empty_cache) empty_cache = nullptr;
   decltype(&vramswap_configure) configure = nullptr;
   decltype(&vramswap_last_error) last_error = nullptr;
@@ -93,6 +94,7 @@ const Api& api() {
     find(handle, a.torch_malloc, "vramswap_torch_malloc", &missing);
     find(handle, a.free, "vramswap_free", &missing);
     find(handle, a.record_stream, "vramswap_record_stream", &missing);
+    find(handle, a.stream_destroyed, "vramswap_stream_destroyed", &missing);
     find(handle, a.empty_cache, "vramswap_empty_cache", &missing);
     find(handle, a.configure, "vramswap_configure", &missing);
     find(handle, a.last_error, "vramswap_last_error", &missing);
@@ -728,8 +730,10 @@ TEST_F(Plugin, AFreeOnThePerThreadStreamWaitsForTheFreeingThreadsWork) {
 }
 
 // A free must order reuse after the stream the block was allocated on; when the program has
-// destroyed that stream, the free still happens exactly once: counted once, and a second
-// free is reported as a double free, never subtracted again (allocated_bytes used to wrap).
+// destroyed that stream (announcing it with vramswap_stream_destroyed: vramswap must not name
+// a destroyed handle to CUDA, and cudasim stops a program that does), the free still happens
+// exactly once: counted once, and a second free is reported as a double free, never
+// subtracted again (allocated_bytes used to wrap).
 TEST_F(Plugin, AFreeAfterTheAllocationStreamWasDestroyedCountsOnce) {
   cudaStream_t gone = nullptr, other = nullptr;
   ASSERT_EQ(a.stream_create(&gone), cudaSuccess);
@@ -737,6 +741,8 @@ TEST_F(Plugin, AFreeAfterTheAllocationStreamWasDestroyedCountsOnce) {
   const uint64_t before = counter("allocated_bytes");
   void* p = a.malloc(kMiB, 0, gone);
   ASSERT_NE(p, nullptr) << last_error();
+  a.stream_destroyed(gone);
+  EXPECT_STREQ(a.last_error(), "");
   ASSERT_EQ(a.stream_destroy(gone), cudaSuccess);
   a.free(p, kMiB, 0, other);
   EXPECT_STREQ(a.last_error(), "");

@@ -125,15 +125,19 @@ TEST_F(Refusals, RecordStreamRefusesWhatIsNotALiveBlock) {
   deallocate(q);
 }
 
-// A free that must order reuse after a stream the program has destroyed since (its
-// allocation stream, or one record_stream named) cannot record an event there. It still
-// frees the block exactly once: the pool orders reuse through the device instead, counts
-// the free once, and a second free is a double free that changes nothing.
+// A free that would order reuse after a stream the program has destroyed since (its
+// allocation stream, or one record_stream named) must not name it to CUDA: a destroyed
+// handle is undefined behaviour on a GPU (cudasim stops the program there; the pool used to
+// record an event on it and fall back to a device synchronization when that failed). Told
+// before the stream goes (stream_destroyed, which the preload's cudaStreamDestroy calls),
+// the pool frees the block exactly once, and a second free is a double free that changes
+// nothing.
 TEST_F(Refusals, AFreeAfterTheAllocationStreamWasDestroyedCountsOnce) {
   auto* gone = new Stream();
   ASSERT_CUDA_OK(gone->status());
   void* p = allocate(kMiB, *gone);
   ASSERT_NE(nullptr, p);
+  ASSERT_TRUE(pool().stream_destroyed(*gone).ok);
   delete gone;
   const Result first = pool().deallocate(p, stream_);
   EXPECT_TRUE(first.ok) << first.message;
@@ -152,6 +156,7 @@ TEST_F(Refusals, AFreeAfterARecordedStreamWasDestroyedCountsOnce) {
     Stream gone;
     ASSERT_CUDA_OK(gone.status());
     ASSERT_TRUE(pool().record_stream(p, gone).ok);
+    ASSERT_TRUE(pool().stream_destroyed(gone).ok);
   }
   const Result first = pool().deallocate(p, stream_);
   EXPECT_TRUE(first.ok) << first.message;
@@ -163,6 +168,26 @@ TEST_F(Refusals, AFreeAfterARecordedStreamWasDestroyedCountsOnce) {
   void* q = allocate(kMiB);
   EXPECT_EQ(p, q);
   deallocate(q);
+}
+
+// Blocks a destroyed stream freed and the pool kept for it are not stranded: once told, the
+// pool makes them free for every stream (its queued work, what their reuse waited for, is
+// done).
+TEST_F(Refusals, BlocksCachedForADestroyedStreamGoToEveryStream) {
+  auto* gone = new Stream();
+  ASSERT_CUDA_OK(gone->status());
+  void* p = allocate(kMiB, *gone);
+  ASSERT_NE(nullptr, p);
+  ASSERT_TRUE(pool().deallocate(p, *gone).ok);  // cached for `gone`
+  ASSERT_TRUE(pool().stream_destroyed(*gone).ok);
+  delete gone;
+  void* q = allocate(kMiB);  // on the fixture's stream
+  EXPECT_EQ(p, q) << "the block the destroyed stream freed is reused by another stream";
+  deallocate(q);
+  // A stream the pool never saw costs nothing.
+  Stream unknown;
+  ASSERT_CUDA_OK(unknown.status());
+  EXPECT_TRUE(pool().stream_destroyed(unknown).ok);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -328,6 +329,39 @@ TEST_F(Streams, DestroyWithPendingWorkReturnsAndTheWorkCompletes) {
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(copy_done()) << "work of a destroyed stream was dropped";
   EXPECT_TRUE(last_ran.load());
+}
+
+// A destroyed stream's handle is undefined behaviour on a GPU (the driver may crash, or find
+// another stream at that address): cudasim stops the program at its first use, so that code
+// relying on an error code for it (vramswap once skipped destroyed streams that way) is found
+// here and not on a GPU. A pointer that never was a stream stays an error code.
+TEST(StreamsDeathTest, ADestroyedStreamUsedAgainStopsTheProgram) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const char* kMessage = "after cudaStreamDestroy destroyed it";
+  auto destroyed = [] {
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreate(&s) != cudaSuccess || cudaStreamDestroy(s) != cudaSuccess) std::exit(0);
+    return s;
+  };
+  EXPECT_DEATH(cudaStreamQuery(destroyed()), kMessage);
+  EXPECT_DEATH(cudaStreamSynchronize(destroyed()), kMessage);
+  EXPECT_DEATH(
+      {
+        cudaStreamCaptureStatus status;
+        cudaStreamIsCapturing(destroyed(), &status);
+      },
+      kMessage);
+  EXPECT_DEATH(
+      {
+        cudaEvent_t e = nullptr;
+        if (cudaEventCreate(&e) != cudaSuccess) std::exit(0);
+        cudaEventRecord(e, destroyed());
+      },
+      kMessage);
+  EXPECT_DEATH(cudaStreamDestroy(destroyed()), "a second destruction");
+  int foreign = 0;
+  EXPECT_EQ(cudaErrorInvalidResourceHandle, cudaStreamQuery(reinterpret_cast<cudaStream_t>(&foreign)));
+  cudaGetLastError();
 }
 
 TEST_F(Streams, DeviceSynchronizeWaitsForEveryStream) {

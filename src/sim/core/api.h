@@ -65,27 +65,43 @@ class Call {
   char detail_[200] = "";
 };
 
-// Live handles of one kind: a handle not in the set is invalid (destroyed or foreign).
+// Live handles of one kind: a handle not in the set is invalid (destroyed or foreign). It
+// also remembers the handles destroyed since (until a new one takes the same address), so
+// that a use after destruction can be told from a foreign pointer.
 template <class T>
 class Registry {
  public:
   void add(T* h) {
     std::lock_guard lock(mu_);
     live_.insert(h);
+    gone_.erase(h);
   }
   bool remove(T* h) {
     std::lock_guard lock(mu_);
-    return live_.erase(h) == 1;
+    if (live_.erase(h) != 1) return false;
+    gone_.insert(h);
+    return true;
   }
   bool contains(T* h) {
     std::lock_guard lock(mu_);
     return live_.count(h) == 1;
   }
+  bool was_destroyed(T* h) {
+    std::lock_guard lock(mu_);
+    return gone_.count(h) == 1;
+  }
 
  private:
   std::mutex mu_;
   std::unordered_set<T*> live_;
+  std::unordered_set<T*> gone_;
 };
+
+// A stream handle used after cudaStreamDestroy: undefined behaviour on a GPU (the driver may
+// crash, or find another stream at that address), so cudasim stops the program there, naming
+// the call, instead of answering an error code that a caller could come to rely on. Does
+// not return.
+[[noreturn]] void destroyed_stream_used(const void* h, const char* what);
 
 Registry<CUstream_st>& stream_handles();
 Registry<CUevent_st>& event_handles();

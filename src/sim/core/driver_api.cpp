@@ -3,6 +3,7 @@
 #include <cuda.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -41,10 +42,20 @@ std::shared_ptr<Stream> resolve_stream(CUstream h, bool per_thread_default, CUre
     return per_thread ? per_thread_stream(dev) : dev->legacy_stream_ptr();
   }
   if (!stream_handles().contains(h)) {
+    if (stream_handles().was_destroyed(h)) destroyed_stream_used(h, "a CUDA call");
     *err = CUDA_ERROR_INVALID_HANDLE;
     return nullptr;
   }
   return h->stream;
+}
+
+void destroyed_stream_used(const void* h, const char* what) {
+  std::fprintf(stderr,
+               "cudasim: stream %p was used by %s after cudaStreamDestroy destroyed it: undefined behaviour on a "
+               "GPU (the driver may crash, or find another stream at that address); stopping here\n",
+               h, what);
+  std::fflush(stderr);
+  std::abort();
 }
 
 namespace {

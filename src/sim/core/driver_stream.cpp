@@ -358,8 +358,11 @@ CUresult cuStreamDestroy_v2(CUstream h) {
   if (!call.ok()) return call.status();
   // Work still queued completes; the worker then exits (CUDA releases the stream's
   // resources once the device has completed all work in it).
-  if (!h || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD || !stream_handles().remove(h))
+  if (!h || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) return call.ret(CUDA_ERROR_INVALID_HANDLE);
+  if (!stream_handles().remove(h)) {
+    if (stream_handles().was_destroyed(h)) destroyed_stream_used(h, "cuStreamDestroy (a second destruction)");
     return call.ret(CUDA_ERROR_INVALID_HANDLE);
+  }
   h->stream->retire();
   delete h;
   return call.ret(CUDA_SUCCESS);

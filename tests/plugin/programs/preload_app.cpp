@@ -265,7 +265,18 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFreeAsync_ptsz(d, nullptr));
     CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
   }
+  // A block still live when the stream it was allocated on is destroyed, freed afterwards
+  // on another stream (CUDA allows it): the free must not name the destroyed stream to CUDA
+  // (undefined behaviour on a GPU; cudasim stops the program). The preload's
+  // cudaStreamDestroy tells vramswap first.
+  void* outlives = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&outlives, 1 << 20, s));
+  CHECK_CUDA(cudaMemsetAsync(outlives, 0x5c, 1 << 20, s));
+  cudaStream_t later = nullptr;  // created first: a stream created after may take s's address
+  CHECK_CUDA(cudaStreamCreate(&later));
   CHECK_CUDA(cudaStreamDestroy(s));
+  CHECK_CUDA(cudaFreeAsync(outlives, later));
+  CHECK_CUDA(cudaStreamDestroy(later));
 
   for (void* d : ptrs) CHECK_CUDA(cudaFree(d));
 
