@@ -272,6 +272,9 @@ int main(int argc, char** argv) {
   void* outlives = nullptr;
   CHECK_CUDA(cudaMallocAsync(&outlives, 1 << 20, s));
   CHECK_CUDA(cudaMemsetAsync(outlives, 0x5c, 1 << 20, s));
+  // The free below is ordered on another stream: the program's own work on s must be done
+  // first (without the preload, the real cudaFreeAsync would free it under the memset).
+  CHECK_CUDA(cudaStreamSynchronize(s));
   cudaStream_t later = nullptr;  // created first: a stream created after may take s's address
   CHECK_CUDA(cudaStreamCreate(&later));
   CHECK_CUDA(cudaStreamDestroy(s));
