@@ -97,14 +97,15 @@ bool parse_host_costs(const char* text, HostCosts* out) {
   return true;
 }
 
+// How a size setting is written (vramswap::parse_size).
+constexpr char kSizeForm[] = "as a number with an optional unit B, K, KiB, M, MiB, G, GiB, T, TiB (1024-based)";
+
 Settings read_settings() {
   Settings s;
   if (const char* v = std::getenv("CUDASIM_DEVICE_MEMORY")) {
     auto bytes = vramswap::parse_size(v);
     if (!bytes || *bytes < (64ull << 20) || *bytes > (1ull << 40))
-      bad_setting("CUDASIM_DEVICE_MEMORY", v,
-                  "a size from 64MiB to 1TiB, as a number with an optional unit B, K, KiB, M, MiB, G, GiB, T, TiB "
-                  "(1024-based)");
+      bad_setting("CUDASIM_DEVICE_MEMORY", v, (std::string("a size from 64MiB to 1TiB, ") + kSizeForm).c_str());
     s.device_memory = *bytes;
   }
   if (const char* v = std::getenv("CUDASIM_DEVICE_COUNT")) {
@@ -149,9 +150,7 @@ Settings read_settings() {
   if (const char* v = std::getenv("CUDASIM_HOST_PINNED_LIMIT"); v && *v) {
     auto bytes = vramswap::parse_size(v);
     if (!bytes || *bytes > (1ull << 50))
-      bad_setting("CUDASIM_HOST_PINNED_LIMIT", v,
-                  "a size up to 1PiB (0: no limit), as a number with an optional unit B, K, KiB, M, MiB, G, GiB, "
-                  "T, TiB (1024-based)");
+      bad_setting("CUDASIM_HOST_PINNED_LIMIT", v, (std::string("a size up to 1PiB (0: no limit), ") + kSizeForm).c_str());
     s.host_pinned_limit = *bytes;
   }
   if (const char* v = std::getenv("CUDASIM_FAIL"); v && *v) {
