@@ -27,7 +27,12 @@
 //   cudaStreamDestroy     tells vramswap's pools first (Allocator::stream_destroyed): none
 //                         names the stream to CUDA again, where a destroyed handle is
 //                         undefined behaviour (a block allocated on it, freed later, used to
-//                         record an event there); then the real function destroys it.
+//                         record an event there); then the real function destroys it. So
+//                         every stream a pool names is alive, and under pressure the pools
+//                         synchronize the streams whose cached blocks they retire, never the
+//                         device, which would invalidate any capture on it
+//                         (Allocator::streams_are_reported). A stream destroyed with the
+//                         driver's cuStreamDestroy directly is not seen.
 //   cudaMemGetInfo        total = the device's vramswap limit; free = what vramswap could
 //                         still hand out: min(limit - allocated, the device's free memory +
 //                         the pool's cached bytes). With no limit and no pool it is the
@@ -344,6 +349,7 @@ __attribute__((constructor)) void validate_configuration_at_load() {
       ::_exit(2);
     }
     real();  // resolve now, not in the middle of the program's first allocation
+    a.streams_are_reported();  // cudaStreamDestroy is interposed: every stream named is alive
     vramswap::stats::log(vramswap::config::LogLevel::kInfo,
                          "libvramswap_preload.so loaded: cudaMalloc, cudaMallocAsync, cudaFree, cudaFreeAsync "
                          "and cudaMemGetInfo go through vramswap");

@@ -28,9 +28,11 @@ int device_count();
 // The device of the calling thread's current runtime context. Throws CudaError.
 int current_device();
 
-// Waits for all work queued on `ordinal` so far. Does it in relaxed capture mode, so that a
-// stream capture in progress on another thread is not invalidated. False when the driver
-// refused (for instance: this thread is capturing). Never throws.
+// Waits for all work queued on `ordinal` so far. Does it in the relaxed capture mode (the
+// global mode's rule on unsafe calls does not apply then), but a device synchronization
+// while any stream of the device captures fails and invalidates that capture in every mode:
+// callers make one only when no stream they serve can be capturing (DevicePool). False
+// when the driver refused. Never throws.
 bool synchronize_device(int ordinal);
 
 // The device's free and total memory as the driver reports them (not the runtime's

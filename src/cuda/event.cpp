@@ -6,6 +6,7 @@
 #include "cuda/device.h"
 #include "cuda/error.h"
 #include "cuda/host_time.h"
+#include "cuda/stream.h"
 
 namespace vramswap::cuda {
 
@@ -35,7 +36,12 @@ void Event::reset() noexcept {
 
 void Event::record(cudaStream_t stream) { VRAMSWAP_CUDART(cudaEventRecord(event_, stream)); }
 
+// Queries and waits are made in the relaxed capture mode: in the global mode (CUDA's default)
+// an event query or synchronization while any thread captures in the global mode fails and
+// invalidates that capture (pytorch#104555); PyTorch's allocator queries its events the same
+// way (pytorch#158352).
 bool Event::query() const {
+  RelaxedCaptureScope relaxed;
   const cudaError_t e = cudaEventQuery(event_);
   if (e == cudaErrorNotReady) return false;
   if (e != cudaSuccess) throw_runtime_error(e, "cudaEventQuery(event_)", __FILE__, __LINE__);
@@ -43,6 +49,7 @@ bool Event::query() const {
 }
 
 void Event::synchronize() const {
+  RelaxedCaptureScope relaxed;
   TimedCall timed(HostTime::kWait);
   VRAMSWAP_CUDART(cudaEventSynchronize(event_));
 }
@@ -54,6 +61,7 @@ uint64_t elapsed_ns(const Event& start, const Event& end) {
 }
 
 void synchronize_events(const std::vector<cudaEvent_t>& events) {
+  RelaxedCaptureScope relaxed;
   TimedCall timed(HostTime::kWait);
   for (cudaEvent_t e : events) cudaEventSynchronize(e);
 }

@@ -25,9 +25,10 @@ class Event {
 
   // Records the event on `stream` now. Throws CudaError.
   void record(cudaStream_t stream);
-  // True once the work recorded before it has completed. Throws CudaError.
+  // True once the work recorded before it has completed. Throws CudaError. Asked in the
+  // relaxed capture mode (so another thread's capture is never invalidated by it).
   bool query() const;
-  // Blocks the calling thread until it has completed. Throws CudaError.
+  // Blocks the calling thread until it has completed. Throws CudaError. Relaxed, as query().
   void synchronize() const;
   cudaEvent_t get() const { return event_; }
   explicit operator bool() const { return event_ != nullptr; }
@@ -42,7 +43,7 @@ class Event {
 uint64_t elapsed_ns(const Event& start, const Event& end);
 
 // Blocks until every event in `events` has completed. Errors are left for the events'
-// next query to report. Never throws.
+// next query to report. Never throws. Relaxed, as Event::query().
 void synchronize_events(const std::vector<cudaEvent_t>& events);
 
 // Recycled events of one device. Thread-safe (its own mutex, never held across a CUDA call).

@@ -330,12 +330,21 @@ class DevicePool::Impl {
   }
   // A freed block waits for an event.
   bool waiting() const { return !pending_.empty() || !promotions_.empty(); }
-  // Synchronizes the device (lock released) and then makes every block that was free under
-  // a stream tag, or pending, when it started reusable by any stream. Events are not
-  // recorded on the freeing streams now: they may have been destroyed since the free.
-  // With `only` a stream (one known to be alive), synchronizes just that stream and
-  // retires just its blocks. False when the synchronization failed (blocks keep their tags).
-  bool synchronize_and_retire(std::unique_lock<std::mutex>& lock, cudaStream_t only);
+  // Waits (lock released) for the streams whose cached blocks are retired, then makes those
+  // blocks, free under a stream tag when it started, reusable by any stream. With `only` a
+  // stream (one known to be alive), synchronizes just that stream and retires just its
+  // blocks. Otherwise every tag's: each tagged stream is synchronized when the program
+  // reports the streams it destroys (streams_reported_: every stream named is alive), else
+  // the device, unless `caller` (the stream asking, if any) is capturing (a device
+  // synchronization would invalidate its capture). Events are not recorded on the freeing
+  // streams now: they may have been destroyed since the free. A capturing stream is never
+  // synchronized: its blocks keep their tag. False when nothing was retired.
+  bool synchronize_and_retire(std::unique_lock<std::mutex>& lock, cudaStream_t only,
+                              cudaStream_t caller = kAnyStream);
+  // The device may be synchronized on behalf of `caller`: it is not capturing (any stream
+  // capturing on the device would be invalidated in every capture mode; the pool knows only
+  // of the caller's).
+  static bool device_synchronization_allowed(cudaStream_t caller);
   // Merges every quick-listed block into the free index (slow paths need the whole picture).
   void flush_quick();
   // The live block starting at `ptr`, or end() with *refusal saying why not (foreign,
@@ -356,8 +365,11 @@ class DevicePool::Impl {
   Result free_behind(void* ptr, cudaStream_t stream, bool to_any);
   // The free's fallback when an event cannot be recorded: synchronizes the device (lock
   // released), then frees the block for any stream. False with *result unchanged when the
-  // synchronization failed (the block stays live), or set when the block is no longer live.
-  bool free_after_device_synchronization(void* ptr, std::unique_lock<std::mutex>& lock, Result* result);
+  // synchronization failed or was not made (the freeing `stream` captures: see
+  // device_synchronization_allowed; the block stays live), or set when the block is no
+  // longer live.
+  bool free_after_device_synchronization(void* ptr, cudaStream_t stream, std::unique_lock<std::mutex>& lock,
+                                         Result* result);
   // Waits (lock released) for the events of the oldest free still pending (a pending block
   // or a promotion), then frees what has become reusable. One at a time: waiting for every
   // pending free at once, a fetch into memory one of them would have freed waited for the
@@ -389,6 +401,7 @@ class DevicePool::Impl {
   uint64_t granule_index(uintptr_t addr) const { return (addr - va_.base()) / granularity_; }
 
   const int device_;
+  const bool streams_reported_;
   uint64_t granularity_ = 0;
   uint64_t card_bytes_ = 0;
   uint64_t limit_ = 0;
@@ -437,7 +450,8 @@ class DevicePool::Impl {
   uint64_t num_allocs_ = 0, num_frees_ = 0, num_cache_hits_ = 0, num_ooms_ = 0;
 };
 
-DevicePool::Impl::Impl(const PoolOptions& options) : device_(options.device), events_(options.device) {
+DevicePool::Impl::Impl(const PoolOptions& options)
+    : device_(options.device), streams_reported_(options.streams_reported), events_(options.device) {
   cuda::DeviceInfo info = cuda::device_info(device_);
   if (!info.vmm_supported)
     throw cuda::CudaError("device " + std::to_string(device_) + " does not support CUDA virtual memory management",
@@ -941,15 +955,27 @@ void DevicePool::Impl::poll_pending(bool promote) {
   }
 }
 
-bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock, cudaStream_t only) {
+bool DevicePool::Impl::device_synchronization_allowed(cudaStream_t caller) {
+  if (caller == kAnyStream) return true;
+  try {
+    return !cuda::is_capturing(caller);
+  } catch (const cuda::CudaError&) {
+    return false;
+  }
+}
+
+bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock, cudaStream_t only,
+                                              cudaStream_t caller) {
   flush_quick();
   std::vector<std::pair<uintptr_t, cudaStream_t>> retiring;  // (block, tag before)
+  std::vector<cudaStream_t> tags;
   for (auto it = free_.begin(); it != free_.end();) {
     const cudaStream_t tag = it->first;
     if (tag == kAnyStream || (only != kAnyStream && tag != only)) {
       ++it;
       continue;
     }
+    tags.push_back(tag);
     for (auto& [size, addr] : it->second) {
       blocks_.at(addr).state = State::kRetiring;
       retiring.emplace_back(addr, tag);
@@ -957,11 +983,24 @@ bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock
     it = free_.erase(it);
   }
   lock.unlock();
-  const bool synchronized = only == kAnyStream ? cuda::synchronize_device(device_) : cuda::synchronize_stream(only);
+  std::vector<cudaStream_t> done;  // the tags whose queued work has completed
+  bool synchronized = false;
+  if (only != kAnyStream) {
+    synchronized = cuda::synchronize_stream(only);  // false while it captures
+    if (synchronized) done.push_back(only);
+  } else if (streams_reported_) {
+    for (cudaStream_t t : tags)
+      if (cuda::synchronize_stream(t)) done.push_back(t);
+    synchronized = !done.empty();
+  } else if (device_synchronization_allowed(caller) && cuda::synchronize_device(device_)) {
+    synchronized = true;
+    done = tags;
+  }
   lock.lock();
-  for (auto& [addr, tag] : retiring) release_block(blocks_.find(addr), synchronized ? kAnyStream : tag);
+  for (auto& [addr, tag] : retiring)
+    release_block(blocks_.find(addr), std::find(done.begin(), done.end(), tag) != done.end() ? kAnyStream : tag);
   if (!synchronized) return false;
-  poll_pending();  // every event recorded before the synchronization has completed
+  poll_pending();  // events recorded before the synchronization may have completed
   return true;
 }
 
@@ -1027,7 +1066,7 @@ bool DevicePool::Impl::relieve(Relief relief, uint64_t bytes, cudaStream_t strea
       flush_quick();
       bool tagged = false;
       for (auto& [tag, set] : free_) tagged |= tag != kAnyStream;
-      if (!tagged || !synchronize_and_retire(lock, kAnyStream)) return false;
+      if (!tagged || !synchronize_and_retire(lock, kAnyStream, stream)) return false;
       break;
     }
     case Relief::kReclaim:
@@ -1329,8 +1368,9 @@ void DevicePool::Impl::hold_back(BlockIt b, std::vector<cuda::Event> events, cud
   pending_.push_back(Pending{{b->first}, std::move(events), tag_after, ++next_serial_});
 }
 
-bool DevicePool::Impl::free_after_device_synchronization(void* ptr, std::unique_lock<std::mutex>& lock,
-                                                         Result* result) {
+bool DevicePool::Impl::free_after_device_synchronization(void* ptr, cudaStream_t stream,
+                                                         std::unique_lock<std::mutex>& lock, Result* result) {
+  if (!device_synchronization_allowed(stream)) return false;
   lock.unlock();
   const bool synchronized = cuda::synchronize_device(device_);
   lock.lock();
@@ -1359,7 +1399,7 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
   if (!record_events(others, &events, &why)) {
     // A stream that used the block takes no event (the program destroyed it, or CUDA
     // refused): order reuse after everything on the device instead.
-    if (free_after_device_synchronization(ptr, lock, &result)) return {};
+    if (free_after_device_synchronization(ptr, stream, lock, &result)) return {};
     if (!result.ok) return result;
     return {false, "free of " + pointer_name(ptr) + ": its reuse cannot be ordered after the streams that used it (" +
                        why + "), and synchronizing device " + std::to_string(device_) +

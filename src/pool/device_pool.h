@@ -22,9 +22,15 @@
 // stream S is reusable at once by an allocation on S (its tag is S). Any other stream
 // that used the block (record_stream's, or the allocation stream when the free names
 // another) gets an event recorded at free time, and the block is held back until those
-// events complete. A block tagged S becomes reusable by any stream only after a device
-// synchronization, which the pool makes only under pressure or in empty_cache(): no
-// event is ever recorded on S after the free, because S may have been destroyed by then.
+// events complete. A block tagged S becomes reusable by any stream only after S, or the
+// device, has been synchronized, which the pool does only under pressure or in
+// empty_cache(): no event is ever recorded on S after the free, because S may have been
+// destroyed by then. S itself is synchronized when it is known to be alive (the allocating
+// stream; every stream when the program reports the streams it destroys, as the preload
+// does: PoolOptions::streams_reported), the device otherwise. A capture forbids both: a
+// capturing stream is never synchronized, and the device is not while the allocating
+// stream captures (a device synchronization while any stream of the device captures
+// invalidates that capture in every mode); events are queried in the relaxed mode.
 // Pending events are polled at the start of an allocation when there are any.
 //
 // The hot path: a block freed on S with nothing to wait for goes, whole and unmerged, to
@@ -35,8 +41,9 @@
 // device is full, the pool unmaps cached granules no block uses, asks the reclaimer for
 // what it can free without waiting, waits for the events of pending frees, synchronizes
 // the allocating stream (which is alive: its blocks become usable by any stream, so their
-// granules can be unmapped), synchronizes the device (only when other streams' cached
-// blocks could become usable; it waits for every stream, copy streams too), lets the
+// granules can be unmapped), synchronizes the other streams with cached blocks, or the
+// device (only when their blocks could become usable; the device waits for every stream,
+// copy streams too), lets the
 // reclaimer start copies and wait for them, and only then reports out of memory (a
 // refused request leaves nothing newly mapped).
 //
@@ -104,6 +111,12 @@ struct PoolOptions {
   int device = 0;
   // Device memory the pool may map, in bytes; 0 means the whole card.
   uint64_t limit_bytes = 0;
+  // The program reports every stream before destroying it (stream_destroyed: the preload,
+  // which interposes cudaStreamDestroy), so every stream the pool names is alive: blocks
+  // cached for other streams are retired by synchronizing those streams rather than the
+  // device (which a capture on any stream of the device forbids). Without it, the pool
+  // synchronizes the device, except while the allocating stream captures.
+  bool streams_reported = false;
 };
 
 struct PoolStats {

@@ -130,7 +130,8 @@ pool::DevicePool* Allocator::pool_or_create(int device, AllocError* error) {
       log(LogLevel::kError, "%s", error->message.c_str());
       return nullptr;
     }
-    auto created = std::make_unique<pool::DevicePool>(pool::PoolOptions{device, limit});
+    auto created = std::make_unique<pool::DevicePool>(
+        pool::PoolOptions{device, limit, streams_reported_.load(std::memory_order_acquire)});
     engine_options.soft_limit_bytes = config_.resolve_soft_limit(limit);
     engine_options.host_limit_bytes = config_.host_limit.value_or(0);
     engine_options.horizon = static_cast<int>(config_.horizon);  // at most 1024 (the table's range)

@@ -154,6 +154,12 @@ class Allocator {
   // block is not live. Thread-safe.
   bool record_stream(void* ptr, cudaStream_t stream, std::string* error);
 
+  // From now on the program reports every stream before destroying it (stream_destroyed:
+  // the preload, which interposes cudaStreamDestroy). The pools created after this call
+  // retire other streams' cached blocks by synchronizing those streams, never the device
+  // (PoolOptions::streams_reported). Call it before the first allocation. Thread-safe.
+  void streams_are_reported() { streams_reported_.store(true, std::memory_order_release); }
+
   // The program is about to destroy `stream`: stream_destroyed on every pool (DevicePool's
   // promise: none names it to CUDA again). False with *error set if a pool could not
   // synchronize it. Thread-safe.
@@ -221,6 +227,7 @@ class Allocator {
   // Keys whose environment value was refused and not corrected since, with the message.
   std::map<std::string, std::string, std::less<>> bad_environment_;
   std::atomic<bool> blocked_{false};  // !bad_environment_.empty(), for the hot path
+  std::atomic<bool> streams_reported_{false};
   bool any_pool_ = false;
   bool settings_logged_ = false;
 

@@ -372,8 +372,9 @@ TEST_F(Limit, OwnCachedBlocksAreRetiredWithoutWaitingForOtherStreams) {
   free_the_rest();
 }
 
-// The same request while the stream is capturing a CUDA graph: synchronizing it would
-// invalidate the capture, so the pool does not; the capture ends with a graph.
+// The same request while the stream is capturing a CUDA graph: synchronizing it, or the
+// device, would invalidate the capture (the device in every capture mode), so the pool does
+// neither; the capture ends with a graph.
 TEST_F(Limit, OwnCachedBlocksAreNotRetiredBySynchronizingACapturingStream) {
   const size_t g = granularity();
   ASSERT_NO_FATAL_FAILURE(fill_then_free_two());
@@ -382,6 +383,70 @@ TEST_F(Limit, OwnCachedBlocksAreNotRetiredBySynchronizingACapturingStream) {
   void* p = pool().allocate(2 * g, stream_, &error);
   cudaGraph_t graph = nullptr;
   EXPECT_CUDA_OK(cudaStreamEndCapture(stream_, &graph)) << "the capture was broken";
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (p != nullptr) deallocate(p);
+  free_the_rest();
+}
+
+// With every stream's destruction reported (PoolOptions::streams_reported: the preload,
+// which interposes cudaStreamDestroy), every stream the cache names is alive, so the blocks
+// other streams freed are retired by synchronizing those streams, never the device: a
+// device synchronization while any stream of the device captures invalidates the capture,
+// in every mode (CUDA C++ Programming Guide, stream capture).
+class LimitStreamsReported : public Limit {
+ protected:
+  bool streams_reported() const override { return true; }
+};
+
+// An allocation on a stream capturing in the global mode (as torch.cuda.graph captures)
+// needs the pages of blocks another stream freed: that stream is synchronized, the capture
+// stays valid, and the allocation is served.
+TEST_F(LimitStreamsReported, AnAllocationInAGlobalCaptureRetiresOtherStreamsBlocksWithoutBreakingIt) {
+  const size_t g = granularity();
+  ASSERT_NO_FATAL_FAILURE(fill_then_free_two());  // blocks 0 and 2 cached for stream_
+  Stream capturing;
+  ASSERT_CUDA_OK(capturing.status());
+  ASSERT_CUDA_OK(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal));
+  std::string error;
+  void* p = pool().allocate(2 * g, capturing, &error);
+  EXPECT_NE(nullptr, p) << error;
+  if (p != nullptr) {
+    EXPECT_CUDA_OK(cudaMemsetAsync(p, 1, 2 * g, capturing));
+  }
+  cudaGraph_t graph = nullptr;
+  EXPECT_CUDA_OK(cudaStreamEndCapture(capturing, &graph)) << "the capture was broken";
+  EXPECT_NE(nullptr, graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (p != nullptr) {
+    EXPECT_TRUE(pool().deallocate(p, capturing).ok);
+  }
+  free_the_rest();
+}
+
+// The same with blocks whose reuse waits on another stream's event (record_stream), while
+// this thread captures in the global mode on a third stream: the pool's event queries and
+// stream synchronizations are made in the relaxed mode, where CUDA allows them, and the
+// capture ends with a graph.
+TEST_F(LimitStreamsReported, EventsAndStreamsAskedAtTheLimitLeaveAGlobalCaptureValid) {
+  const size_t g = granularity();
+  for (void*& b : blocks_) {
+    b = allocate(g);
+    ASSERT_NE(nullptr, b);
+  }
+  Stream other, capturing;
+  ASSERT_CUDA_OK(other.status());
+  ASSERT_CUDA_OK(capturing.status());
+  ASSERT_TRUE(pool().record_stream(blocks_[0], other).ok);
+  ASSERT_TRUE(pool().record_stream(blocks_[2], other).ok);
+  deallocate(blocks_[0]);  // each waits for an event on `other`
+  deallocate(blocks_[2]);
+  ASSERT_CUDA_OK(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal));
+  std::string error;
+  void* p = pool().allocate(2 * g, stream_, &error);
+  EXPECT_NE(nullptr, p) << error;
+  cudaGraph_t graph = nullptr;
+  EXPECT_CUDA_OK(cudaStreamEndCapture(capturing, &graph)) << "the capture was broken";
+  EXPECT_NE(nullptr, graph);
   if (graph != nullptr) cudaGraphDestroy(graph);
   if (p != nullptr) deallocate(p);
   free_the_rest();

@@ -287,13 +287,14 @@ class PoolTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_CUDA_OK(cudaSetDevice(0));
     ASSERT_CUDA_OK(stream_.status());
-    ASSERT_NO_THROW(pool_ = std::make_unique<DevicePool>(PoolOptions{0, limit()}));
+    ASSERT_NO_THROW(pool_ = std::make_unique<DevicePool>(PoolOptions{0, limit(), streams_reported()}));
   }
   void TearDown() override {
     cudaDeviceSynchronize();
     pool_.reset();
   }
   virtual uint64_t limit() const { return 0; }
+  virtual bool streams_reported() const { return false; }
 
   // Allocates on `stream` (default: the case's stream); a failure is recorded with the
   // pool's report and nullptr returned.

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "runtime_test_util.h"
@@ -179,6 +180,112 @@ TEST_F(Capture, MallocDuringRelaxedCaptureIsAllowed) {
   if (p != nullptr) {
     EXPECT_CUDA_OK(cudaFree(p));
   }
+}
+
+// Querying or awaiting an event is a potentially unsafe call (pytorch#104555: an event query
+// on its NCCL watchdog thread broke a global-mode capture). On the capturing thread, in the
+// global mode, it fails with cudaErrorStreamCaptureUnsupported and invalidates the capture.
+TEST_F(Capture, EventQueryAndSynchronizeDuringAGlobalCaptureAreUnsupported) {
+  Stream other{cudaStreamNonBlocking};
+  cudaEvent_t event = nullptr;
+  ASSERT_CUDA_OK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  ASSERT_CUDA_OK(cudaEventRecord(event, other));  // outside any capture
+  for (bool query : {true, false}) {
+    ASSERT_CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+    EXPECT_EQ(cudaErrorStreamCaptureUnsupported, query ? cudaEventQuery(event) : cudaEventSynchronize(event));
+    EXPECT_EQ(cudaStreamCaptureStatusInvalidated, capture_status());
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream_, &graph);
+    EXPECT_EQ(nullptr, graph) << (query ? "query" : "synchronize");
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+  }
+  EXPECT_CUDA_OK(cudaEventSynchronize(event)) << "allowed again once the capture ended";
+  EXPECT_CUDA_OK(cudaEventQuery(event));
+  EXPECT_CUDA_OK(cudaEventDestroy(event));
+}
+
+// From another thread: a global-mode capture prohibits the unsafe calls of every thread in
+// the global mode; a thread-local one only the capturing thread's; a thread in the relaxed
+// mode is never prohibited (how PyTorch's allocator queries its events, pytorch#158352).
+TEST_F(Capture, AnotherThreadsEventQueryFollowsTheModes) {
+  Stream other{cudaStreamNonBlocking};
+  cudaEvent_t event = nullptr;
+  ASSERT_CUDA_OK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  ASSERT_CUDA_OK(cudaEventRecord(event, other));
+  struct Case {
+    cudaStreamCaptureMode capture;
+    cudaStreamCaptureMode thread;
+    bool allowed;
+  };
+  for (const Case& c : {Case{cudaStreamCaptureModeGlobal, cudaStreamCaptureModeGlobal, false},
+                        Case{cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal, true},
+                        Case{cudaStreamCaptureModeGlobal, cudaStreamCaptureModeRelaxed, true},
+                        Case{cudaStreamCaptureModeThreadLocal, cudaStreamCaptureModeGlobal, true},
+                        Case{cudaStreamCaptureModeRelaxed, cudaStreamCaptureModeGlobal, true}}) {
+    ASSERT_CUDA_OK(cudaStreamBeginCapture(stream_, c.capture));
+    cudaError_t got = cudaErrorUnknown;
+    std::thread([&] {
+      cudaStreamCaptureMode mode = c.thread;
+      cudaThreadExchangeStreamCaptureMode(&mode);
+      got = cudaEventQuery(event);
+    }).join();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    const std::string what = "capture mode " + std::to_string(int(c.capture)) + ", thread mode " +
+                             std::to_string(int(c.thread));
+    if (c.allowed) {
+      EXPECT_EQ(cudaSuccess, got) << what;
+      EXPECT_EQ(cudaSuccess, ended) << what;
+      EXPECT_NE(nullptr, graph) << what;
+    } else {
+      EXPECT_EQ(cudaErrorStreamCaptureUnsupported, got) << what;
+      EXPECT_EQ(nullptr, graph) << what;
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+  }
+  EXPECT_CUDA_OK(cudaEventDestroy(event));
+}
+
+// "It is also invalid to query the execution status of or synchronize a broader handle which
+// encompasses an active stream capture, such as a device or context handle when any
+// associated stream is in capture mode" (CUDA C++ Programming Guide, stream capture,
+// prohibited operations): in every mode, the relaxed one included.
+TEST_F(Capture, DeviceSynchronizationDuringACaptureIsUnsupportedInEveryMode) {
+  for (cudaStreamCaptureMode mode :
+       {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal, cudaStreamCaptureModeRelaxed}) {
+    ASSERT_CUDA_OK(cudaStreamBeginCapture(stream_, mode));
+    cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&relaxed);
+    EXPECT_EQ(cudaErrorStreamCaptureUnsupported, cudaDeviceSynchronize()) << "mode " << int(mode);
+    cudaThreadExchangeStreamCaptureMode(&relaxed);
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream_, &graph);
+    EXPECT_EQ(nullptr, graph) << "mode " << int(mode);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+  }
+  EXPECT_CUDA_OK(cudaDeviceSynchronize()) << "allowed again once the capture ended";
+}
+
+// cudaFree synchronizes the device: the same rule. The block is not freed, and can be once
+// the capture has ended.
+TEST_F(Capture, FreeDuringACaptureIsUnsupportedInEveryModeAndLosesNothing) {
+  void* p = nullptr;
+  ASSERT_CUDA_OK(cudaMalloc(&p, 4096));
+  ASSERT_CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&relaxed);
+  EXPECT_EQ(cudaErrorStreamCaptureUnsupported, cudaFree(p));
+  cudaThreadExchangeStreamCaptureMode(&relaxed);
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(stream_, &graph);
+  EXPECT_EQ(nullptr, graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaGetLastError();
+  EXPECT_CUDA_OK(cudaMemset(p, 1, 4096)) << "still allocated";
+  EXPECT_CUDA_OK(cudaFree(p));
 }
 
 // cudaStreamBeginCapture: "Capture may not be initiated if stream is cudaStreamLegacy."

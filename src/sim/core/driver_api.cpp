@@ -293,6 +293,7 @@ CUresult cuCtxSynchronize(void) {
   Call call(__func__, Call::kNeedsContext);
   if (!call.ok()) return call.status();
   if (CUresult r = check_unsafe_call()) return call.ret(r);
+  if (CUresult r = check_device_sync(current_device())) return call.ret(r);
   current_device()->synchronize();
   return call.ret(CUDA_SUCCESS);
 }

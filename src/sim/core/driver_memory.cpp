@@ -238,6 +238,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
     if (it == as.regions.end() || it->second.kind != RegionKind::kDevice || it->second.free_pending)
       return call.ret(CUDA_ERROR_INVALID_VALUE);
   }
+  if (CUresult r = check_device_sync(nullptr)) return call.ret(r);  // it synchronizes every device
   synchronize_all_devices();
   release_device_block(uintptr_t(dptr));
   return call.ret(CUDA_SUCCESS);
@@ -351,6 +352,7 @@ CUresult cuMemFreeHost(void* p) {
     map_size = it->second.map_size;
     size = it->second.size;
   }
+  if (CUresult r = check_device_sync(nullptr)) return call.ret(r);  // it synchronizes every device
   synchronize_all_devices();
   {
     AddressSpace& as = address_space();

@@ -393,6 +393,7 @@ CUresult cuEventQuery(CUevent e) {
   Call call(__func__);
   if (!call.ok()) return call.status();
   if (!e || !event_handles().contains(e)) return call.ret(CUDA_ERROR_INVALID_HANDLE);
+  if (CUresult r = check_unsafe_call()) return call.ret(r);  // a potentially unsafe call
   StreamPoint p;
   {
     std::lock_guard lock(e->mu);
@@ -406,6 +407,7 @@ CUresult cuEventSynchronize(CUevent e) {
   Call call(__func__);
   if (!call.ok()) return call.status();
   if (!e || !event_handles().contains(e)) return call.ret(CUDA_ERROR_INVALID_HANDLE);
+  if (CUresult r = check_unsafe_call()) return call.ret(r);  // a potentially unsafe call
   StreamPoint p;
   {
     std::lock_guard lock(e->mu);

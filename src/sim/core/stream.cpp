@@ -242,6 +242,24 @@ CUresult check_unsafe_call() {
   return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 
+CUresult check_device_sync(Device* device) {
+  bool prohibited = false;
+  auto check = [&](Device* d) {
+    for (auto& s : d->all_streams()) {
+      if (std::shared_ptr<Capture> c = s->capture()) {
+        c->invalidated = true;
+        prohibited = true;
+      }
+    }
+  };
+  if (device) {
+    check(device);
+  } else {
+    for (int i = 0; i < device_count(); ++i) check(cudasim::device(i));
+  }
+  return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
 // ---- Fault reports ----------------------------------------------------------------
 // A touch of device VA that is not mapped, or mapped without the access, raises SIGSEGV.
 // Before the process dies, say what faulted; then the previous disposition applies.

@@ -170,6 +170,13 @@ CUstreamCaptureMode& thread_capture_mode();
 // potentially unsafe calls (cudaMalloc, synchronous copies, synchronization) on this
 // thread; the prohibiting captures are then invalidated, as CUDA does.
 CUresult check_unsafe_call();
+// CUDA_SUCCESS, or CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED when a stream of `device` (of every
+// device: nullptr) is capturing. "It is also invalid to query the execution status of or
+// synchronize a broader handle which encompasses an active stream capture, such as a device
+// or context handle when any associated stream is in capture mode" (CUDA C++ Programming
+// Guide, stream capture): in every capture mode, the relaxed one included; those captures are
+// invalidated. For device and context synchronization and the frees that synchronize.
+CUresult check_device_sync(Device* device);
 
 // Installs the SIGSEGV reporter that names the faulting address and operation.
 void install_fault_reporter();

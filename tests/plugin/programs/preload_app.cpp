@@ -21,6 +21,12 @@
 //               with cudaFreeAsync(p, 0), then a cudaMalloc and a write on a non-blocking
 //               stream: the new block must not be one the legacy stream's queued work still
 //               writes. Prints "legacy reuse: ok" when the non-blocking stream's bytes stayed.
+// --capture     under a 64 MiB limit: 56 MiB freed on one stream (cached for it), one block
+//               freed on another stream than its own (its reuse waits for an event); then,
+//               while a third stream captures in the global mode (torch.cuda.graph's mode),
+//               a 48 MiB cudaMallocAsync on it that needs the first stream's pages, a memset
+//               captured into the graph, the capture's end. Prints "capture: ok" when the
+//               capture ended with a graph and launching it wrote the block.
 // Exit status: 0 when every check held, 1 otherwise (the failed check is on stderr).
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -168,15 +174,64 @@ void legacy_reuse() {
   CHECK_CUDA(cudaFree(second));
 }
 
+// --capture (see the top of the file). Nothing here synchronizes the device: a device
+// synchronization while a stream captures invalidates the capture in every mode, and so
+// would the allocator's, were it to make one.
+void capture_at_the_limit() {
+  constexpr size_t kMiB = 1 << 20;
+  cudaStream_t a = nullptr, b = nullptr, c = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking));
+  std::vector<void*> cached(7, nullptr);
+  for (void*& p : cached) {
+    CHECK_CUDA(cudaMallocAsync(&p, 8 * kMiB, a));
+    if (p) CHECK_CUDA(cudaMemsetAsync(p, 0x11, 8 * kMiB, a));
+  }
+  for (size_t i = 0; i + 1 < cached.size(); ++i) CHECK_CUDA(cudaFreeAsync(cached[i], a));
+  CHECK_CUDA(cudaFreeAsync(cached.back(), b));  // allocated on a: its reuse waits for a's event
+  CHECK_CUDA(cudaStreamBeginCapture(c, cudaStreamCaptureModeGlobal));
+  void* p = nullptr;
+  const cudaError_t allocated = cudaMallocAsync(&p, 48 * kMiB, c);
+  CHECK_CUDA(allocated);
+  if (p) CHECK_CUDA(cudaMemsetAsync(p, 0x3c, 48 * kMiB, c));
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(c, &graph);
+  std::printf("capture: allocation %s, end %s, graph %s\n", cudaGetErrorName(allocated), cudaGetErrorName(ended),
+              graph ? "yes" : "none");
+  CHECK(ended == cudaSuccess);
+  CHECK(graph != nullptr);
+  bool written = false;
+  if (graph && p) {
+    cudaGraphExec_t exec = nullptr;
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    if (exec) {
+      CHECK_CUDA(cudaGraphLaunch(exec, c));
+      CHECK_CUDA(cudaStreamSynchronize(c));
+      std::vector<unsigned char> out(48 * kMiB, 0);
+      CHECK_CUDA(cudaMemcpy(out.data(), p, out.size(), cudaMemcpyDeviceToHost));
+      written = std::all_of(out.begin(), out.end(), [](unsigned char x) { return x == 0x3c; });
+      CHECK(written);
+      CHECK_CUDA(cudaGraphExecDestroy(exec));
+    }
+  }
+  if (graph) CHECK_CUDA(cudaGraphDestroy(graph));
+  if (p) CHECK_CUDA(cudaFreeAsync(p, c));
+  CHECK_CUDA(cudaStreamSynchronize(c));
+  for (cudaStream_t s : {a, b, c}) CHECK_CUDA(cudaStreamDestroy(s));
+  if (written && failures == 0) std::printf("capture: ok\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::printf("preload_app: start\n");
   std::fflush(stdout);
   unsigned long long oom_bytes = 0, big_bytes = 0, offload_blocks = 0;
-  bool reuse_after_legacy_free = false;
+  bool reuse_after_legacy_free = false, capture = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--legacy-reuse") reuse_after_legacy_free = true;
+    if (std::string(argv[i]) == "--capture") capture = true;
     if (std::string(argv[i]) == "--oom" && i + 1 < argc) oom_bytes = std::strtoull(argv[++i], nullptr, 10);
     if (std::string(argv[i]) == "--big" && i + 1 < argc) big_bytes = std::strtoull(argv[++i], nullptr, 10);
     if (std::string(argv[i]) == "--offload" && i + 1 < argc) offload_blocks = std::strtoull(argv[++i], nullptr, 10);
@@ -294,6 +349,7 @@ int main(int argc, char** argv) {
 
   if (offload_blocks) offload(offload_blocks);
   if (reuse_after_legacy_free) legacy_reuse();
+  if (capture) capture_at_the_limit();
 
   if (big_bytes) {
     void* d = nullptr;
