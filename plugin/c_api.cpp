@@ -154,6 +154,16 @@ void vramswap_stream_destroyed(struct CUstream_st* stream) noexcept {
   });
 }
 
+int vramswap_enable_peer_access(int device, int peer) noexcept {
+  vramswap::clear_last_error();
+  return guarded<int>(__func__, -1, [&] {
+    std::string error;
+    if (used_allocator().enable_peer_access(device, peer, &error)) return 0;
+    vramswap::set_last_error(error);
+    return -1;
+  });
+}
+
 void vramswap_empty_cache(void) noexcept {
   vramswap::clear_last_error();
   guarded<int>(__func__, 0, [] {

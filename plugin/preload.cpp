@@ -33,6 +33,11 @@
 //                         device, which would invalidate any capture on it
 //                         (Allocator::streams_are_reported). A stream destroyed with the
 //                         driver's cuStreamDestroy directly is not seen.
+//   cudaDeviceEnablePeerAccess  the real function, then vramswap grants the current device
+//                         access to every mapping of the peer's pool, now and later
+//                         (Allocator::enable_peer_access): peer access does not cover CUDA
+//                         VMM mappings, which must each grant a device access. Disabling
+//                         peer access leaves the grants.
 //   cudaMemGetInfo        total = the device's vramswap limit; free = what vramswap could
 //                         still hand out: min(limit - allocated, the device's free memory +
 //                         the pool's cached bytes). With no limit and no pool it is the
@@ -87,6 +92,7 @@ struct RealRuntime {
   cudaError_t (*free_async_ptsz)(void*, cudaStream_t) = nullptr;
   cudaError_t (*mem_get_info)(size_t*, size_t*) = nullptr;
   cudaError_t (*stream_destroy)(cudaStream_t) = nullptr;
+  cudaError_t (*enable_peer_access)(int, unsigned) = nullptr;
 };
 
 template <typename F>
@@ -109,6 +115,7 @@ const RealRuntime& real() {
     resolve(r.free_async_ptsz, "cudaFreeAsync_ptsz");
     resolve(r.mem_get_info, "cudaMemGetInfo");
     resolve(r.stream_destroy, "cudaStreamDestroy");
+    resolve(r.enable_peer_access, "cudaDeviceEnablePeerAccess");
     return r;
   }();
   return runtime;
@@ -275,6 +282,28 @@ VRAMSWAP_INTERPOSED cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     }
   }
   return vramswap::call_real(real().stream_destroy, stream);
+}
+
+VRAMSWAP_INTERPOSED cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  const cudaError_t enabled = vramswap::call_real(real().enable_peer_access, peer, flags);
+  if (t_inside || (enabled != cudaSuccess && enabled != cudaErrorPeerAccessAlreadyEnabled)) return enabled;
+  Inside inside;
+  try {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return enabled;
+    std::string error;
+    if (!vramswap::Allocator::instance().enable_peer_access(device, peer, &error)) {
+      vramswap::set_last_error(error);
+      vramswap::stats::log(vramswap::config::LogLevel::kWarn, "cudaDeviceEnablePeerAccess(%d): %s", peer,
+                           error.c_str());
+      return cudaErrorUnknown;
+    }
+  } catch (const std::exception& e) {
+    return vramswap::internal_error(__func__, &e);
+  } catch (...) {
+    return vramswap::internal_error(__func__, nullptr);
+  }
+  return enabled;
 }
 
 VRAMSWAP_INTERPOSED cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {

@@ -113,6 +113,14 @@ void vramswap_record_stream(void* ptr, struct CUstream_st* stream) VRAMSWAP_NOEX
  * the last error (the blocks then keep waiting on the stream). Thread-safe. */
 void vramswap_stream_destroyed(struct CUstream_st* stream) VRAMSWAP_NOEXCEPT;
 
+/* Device `device` may read and write the blocks vramswap allocated on device `peer` (the
+ * program enabled peer access: cudaDeviceEnablePeerAccess(peer, 0) with `device` current).
+ * vramswap's blocks are CUDA VMM mappings, which peer access does not cover: each mapping
+ * of `peer`'s pool, now and later, grants `device` access itself. Under
+ * libvramswap_preload.so, cudaDeviceEnablePeerAccess does this itself. Returns 0, or -1 with
+ * the last error set (a device out of range, a grant the driver refused). Thread-safe. */
+int vramswap_enable_peer_access(int device, int peer) VRAMSWAP_NOEXCEPT;
+
 /* Releases all cached device memory (physical pages under no live block) of every device
  * back to the driver; live blocks are untouched. Thread-safe; it may wait for pending
  * stream-ordered frees to complete. */

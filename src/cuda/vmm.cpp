@@ -69,14 +69,27 @@ void PhysicalPages::reset() noexcept {
   size_ = 0;
 }
 
-Mapping::Mapping(uintptr_t address, const PhysicalPages& pages) {
-  TimedCall timed(HostTime::kVmm);
-  VRAMSWAP_CU(cuMemMap(address, pages.size(), 0, pages.handle(), 0));
+namespace {
+
+CUmemAccessDesc read_write(int device) {
   CUmemAccessDesc access = {};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = pages.device();
+  access.location.id = device;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  CUresult r = cuMemSetAccess(address, pages.size(), &access, 1);
+  return access;
+}
+
+}  // namespace
+
+Mapping::Mapping(uintptr_t address, const PhysicalPages& pages, uint64_t peers) {
+  TimedCall timed(HostTime::kVmm);
+  VRAMSWAP_CU(cuMemMap(address, pages.size(), 0, pages.handle(), 0));
+  CUmemAccessDesc access[65];
+  size_t count = 0;
+  access[count++] = read_write(pages.device());
+  for (int d = 0; d < 64; ++d)
+    if ((peers >> d) & 1 && d != pages.device()) access[count++] = read_write(d);
+  CUresult r = cuMemSetAccess(address, pages.size(), access, count);
   if (r != CUDA_SUCCESS) {
     // Undo the map so that "throws" means "nothing mapped": a range left mapped would hold
     // the pages (never freed) and refuse every later map there. A refused unmap is tried
@@ -84,8 +97,8 @@ Mapping::Mapping(uintptr_t address, const PhysicalPages& pages) {
     const bool unmapped = cuMemUnmap(address, pages.size()) == CUDA_SUCCESS ||
                           cuMemUnmap(address, pages.size()) == CUDA_SUCCESS;
     throw_driver_error(r,
-                       unmapped ? "cuMemSetAccess(address, pages.size(), &access, 1)"
-                                : "cuMemSetAccess(address, pages.size(), &access, 1) (and the range could not be "
+                       unmapped ? "cuMemSetAccess(address, pages.size(), access, count)"
+                                : "cuMemSetAccess(address, pages.size(), access, count) (and the range could not be "
                                   "unmapped again: it stays mapped)",
                        __FILE__, __LINE__);
   }
@@ -110,6 +123,12 @@ void Mapping::unmap() {
   count_vmm_bytes(VmmCall::kUnmap, size_);
   address_ = 0;
   size_ = 0;
+}
+void Mapping::grant(int device) {
+  if (!size_) return;
+  TimedCall timed(HostTime::kVmm);
+  const CUmemAccessDesc access = read_write(device);
+  VRAMSWAP_CU(cuMemSetAccess(address_, size_, &access, 1));
 }
 void Mapping::reset() noexcept {
   if (size_) {

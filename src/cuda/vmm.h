@@ -65,9 +65,10 @@ class PhysicalPages {
 class Mapping {
  public:
   Mapping() = default;
-  // Maps all of `pages` at `address` and grants `pages.device()` read-write access.
-  // Throws CudaError (and leaves nothing mapped).
-  Mapping(uintptr_t address, const PhysicalPages& pages);
+  // Maps all of `pages` at `address` and grants `pages.device()` read-write access, and
+  // every device whose bit is set in `peers` (bit d: device d) too. Throws CudaError (and
+  // leaves nothing mapped).
+  Mapping(uintptr_t address, const PhysicalPages& pages, uint64_t peers = 0);
   ~Mapping();
   Mapping(Mapping&& o) noexcept;
   Mapping& operator=(Mapping&& o) noexcept;
@@ -79,6 +80,10 @@ class Mapping {
   // Unmaps the range now. Throws CudaError, and then still owns the mapping (the range is
   // still mapped): the caller can keep using it or try again.
   void unmap();
+  // Grants `device` read-write access to the range too (a peer: cuMemSetAccess gives each
+  // device its own access, and peer access enabled between devices does not cover VMM
+  // mappings). Throws CudaError.
+  void grant(int device);
 
  private:
   void reset() noexcept;

@@ -121,6 +121,7 @@ class DevicePool::Impl {
   Result deallocate(void* ptr, cudaStream_t stream);
   Result record_stream(void* ptr, cudaStream_t stream);
   Result stream_destroyed(cudaStream_t stream);
+  Result grant_peer(int peer);
   void* allocate_offloadable(size_t size, cudaStream_t stream, std::string* error, uint64_t* placed);
   Result unmap_block(void* ptr, bool* partly, uint64_t* freed);
   Result map_block(void* ptr, MapWait wait, cudaStream_t stream);
@@ -402,6 +403,7 @@ class DevicePool::Impl {
 
   const int device_;
   const bool streams_reported_;
+  uint64_t peers_ = 0;  // devices granted access to every mapping (PoolOptions::peers, grant_peer)
   uint64_t granularity_ = 0;
   uint64_t card_bytes_ = 0;
   uint64_t limit_ = 0;
@@ -451,7 +453,10 @@ class DevicePool::Impl {
 };
 
 DevicePool::Impl::Impl(const PoolOptions& options)
-    : device_(options.device), streams_reported_(options.streams_reported), events_(options.device) {
+    : device_(options.device),
+      streams_reported_(options.streams_reported),
+      peers_(options.peers & ~(uint64_t(1) << (options.device & 63))),
+      events_(options.device) {
   cuda::DeviceInfo info = cuda::device_info(device_);
   if (!info.vmm_supported)
     throw cuda::CudaError("device " + std::to_string(device_) + " does not support CUDA virtual memory management",
@@ -742,7 +747,7 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
         reserved_ += pages.size();
       }
       try {
-        granules_[run.first].mapping = cuda::Mapping(va_.base() + run.first * granularity_, pages);
+        granules_[run.first].mapping = cuda::Mapping(va_.base() + run.first * granularity_, pages, peers_);
       } catch (...) {
         give_back(std::move(pages), recycled);
         throw;
@@ -1477,6 +1482,25 @@ Result DevicePool::Impl::stream_destroyed(cudaStream_t stream) {
   return {};
 }
 
+Result DevicePool::Impl::grant_peer(int peer) {
+  if (peer < 0 || peer >= 64 || peer == device_) return {};  // a pool's own device has access
+  const uint64_t bit = uint64_t(1) << peer;
+  std::lock_guard lock(mu_);
+  if (peers_ & bit) return {};
+  for (uint64_t g = 0; g < mapped_top_; ++g) {
+    if (granules_[g].head != g || !granules_[g].mapping) continue;
+    try {
+      granules_[g].mapping.grant(peer);
+    } catch (const cuda::CudaError& e) {
+      return {false, "granting device " + std::to_string(peer) + " access to device " + std::to_string(device_) +
+                         "'s memory at " + pointer_name(reinterpret_cast<void*>(va_.base() + g * granularity_)) +
+                         " failed: " + e.what()};
+    }
+  }
+  peers_ |= bit;
+  return {};
+}
+
 void DevicePool::Impl::empty_cache() {
   std::unique_lock lock(mu_);
   poll_pending();
@@ -1641,6 +1665,7 @@ Result DevicePool::deallocate(void* ptr, cudaStream_t stream) { return impl_->de
 uint64_t DevicePool::take_allocated_high() { return impl_->take_allocated_high(); }
 Result DevicePool::record_stream(void* ptr, cudaStream_t stream) { return impl_->record_stream(ptr, stream); }
 Result DevicePool::stream_destroyed(cudaStream_t stream) { return impl_->stream_destroyed(stream); }
+Result DevicePool::grant_peer(int peer) { return impl_->grant_peer(peer); }
 void DevicePool::empty_cache() { impl_->empty_cache(); }
 PoolStats DevicePool::stats() const { return impl_->stats(); }
 DevicePool::Census DevicePool::live_below(uint64_t bytes) const { return impl_->live_below(bytes); }

@@ -117,6 +117,9 @@ struct PoolOptions {
   // device (which a capture on any stream of the device forbids). Without it, the pool
   // synchronizes the device, except while the allocating stream captures.
   bool streams_reported = false;
+  // Other devices granted read-write access to every mapping (bit d: device d): peers that
+  // may read and write this pool's blocks (grant_peer).
+  uint64_t peers = 0;
 };
 
 struct PoolStats {
@@ -177,6 +180,13 @@ class DevicePool {
   // stream had never used them. A stream the pool does not know costs nothing. A refusal
   // (the synchronization failed) leaves everything as it was. Thread-safe.
   Result stream_destroyed(cudaStream_t stream);
+
+  // Device `peer` may access this pool's blocks from now on: every mapping now and later
+  // grants it read-write access (cuMemSetAccess gives each device its own; enabling peer
+  // access between devices does not cover VMM mappings). Granting twice costs nothing. A
+  // refusal says which mapping could not be granted; those before it keep their grant.
+  // Thread-safe.
+  Result grant_peer(int peer);
 
   // Unmaps and releases every mapped run no live or pending block uses, and every spare
   // page. Thread-safe.

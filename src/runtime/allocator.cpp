@@ -131,7 +131,7 @@ pool::DevicePool* Allocator::pool_or_create(int device, AllocError* error) {
       return nullptr;
     }
     auto created = std::make_unique<pool::DevicePool>(
-        pool::PoolOptions{device, limit, streams_reported_.load(std::memory_order_acquire)});
+        pool::PoolOptions{device, limit, streams_reported_.load(std::memory_order_acquire), peers_[device]});
     engine_options.soft_limit_bytes = config_.resolve_soft_limit(limit);
     engine_options.host_limit_bytes = config_.host_limit.value_or(0);
     engine_options.horizon = static_cast<int>(config_.horizon);  // at most 1024 (the table's range)
@@ -367,6 +367,25 @@ bool Allocator::record_stream(void* ptr, cudaStream_t stream, std::string* error
     return false;
   }
   pool::Result r = pool(owner)->record_stream(ptr, stream);
+  if (!r.ok) *error = std::move(r.message);
+  return r.ok;
+}
+
+bool Allocator::enable_peer_access(int device, int peer, std::string* error) {
+  if (device < 0 || device >= kMaxDevices || peer < 0 || peer >= kMaxDevices) {
+    *error = "peer access from device " + std::to_string(device) + " to device " + std::to_string(peer) +
+             ": expected devices 0 to " + std::to_string(kMaxDevices - 1);
+    return false;
+  }
+  if (device == peer) return true;
+  pool::DevicePool* p = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    peers_[peer] |= uint64_t(1) << device;  // a pool created from now on grants it from the start
+    p = pool(peer);
+  }
+  if (!p) return true;
+  pool::Result r = p->grant_peer(device);
   if (!r.ok) *error = std::move(r.message);
   return r.ok;
 }

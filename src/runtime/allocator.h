@@ -160,6 +160,12 @@ class Allocator {
   // (PoolOptions::streams_reported). Call it before the first allocation. Thread-safe.
   void streams_are_reported() { streams_reported_.store(true, std::memory_order_release); }
 
+  // Device `device` may access the blocks of device `peer` from now on (the program enabled
+  // peer access, cudaDeviceEnablePeerAccess(peer) with `device` current): `peer`'s pool
+  // grants `device` access to every mapping, now and later (DevicePool::grant_peer). False
+  // with *error set for a device out of range or a refused grant. Thread-safe.
+  bool enable_peer_access(int device, int peer, std::string* error);
+
   // The program is about to destroy `stream`: stream_destroyed on every pool (DevicePool's
   // promise: none names it to CUDA again). False with *error set if a pool could not
   // synchronize it. Thread-safe.
@@ -228,6 +234,7 @@ class Allocator {
   std::map<std::string, std::string, std::less<>> bad_environment_;
   std::atomic<bool> blocked_{false};  // !bad_environment_.empty(), for the hot path
   std::atomic<bool> streams_reported_{false};
+  std::array<uint64_t, kMaxDevices> peers_{};  // per pool: the devices granted access (under mu_)
   bool any_pool_ = false;
   bool settings_logged_ = false;
 

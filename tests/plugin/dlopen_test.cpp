@@ -47,6 +47,7 @@ struct Api {
   decltype(&vramswap_record_stream) record_stream = nullptr;
   decltype(&vramswap_stream_destroyed) stream_destroyed = nullptr;
   decltype(&vramswap_empty_cache) empty_cache = nullptr;
+  decltype(&vramswap_enable_peer_access) enable_peer_access = nullptr;
   decltype(&vramswap_configure) configure = nullptr;
   decltype(&vramswap_last_error) last_error = nullptr;
   decltype(&vramswap_stats_json) stats_json = nullptr;
@@ -95,6 +96,7 @@ const Api& api() {
     find(handle, a.free, "vramswap_free", &missing);
     find(handle, a.record_stream, "vramswap_record_stream", &missing);
     find(handle, a.stream_destroyed, "vramswap_stream_destroyed", &missing);
+    find(handle, a.enable_peer_access, "vramswap_enable_peer_access", &missing);
     find(handle, a.empty_cache, "vramswap_empty_cache", &missing);
     find(handle, a.configure, "vramswap_configure", &missing);
     find(handle, a.last_error, "vramswap_last_error", &missing);
@@ -1170,6 +1172,47 @@ TEST_F(PluginTwoDevices, EachDeviceEvictsAndRestoresItsOwnBlocks) {
   a.free(on_zero, kBlock, 0, nullptr);
   EXPECT_STREQ(a.last_error(), "");
   EXPECT_EQ(number(stats(), "tagged_bytes"), 0u) << stats();
+}
+
+// Peer access through the C ABI: device 1 is granted access to device 0's blocks, those
+// mapped before the call and after it, and a stream of device 1 copies them (without the
+// grant cudasim stops the process: plugin_preload_peer_copy_without_access_faults). Devices
+// out of range are refused with a message.
+TEST_F(PluginTwoDevices, APeerGrantedAccessCopiesTheBlocks) {
+  const std::vector<unsigned char> first = block_pattern(31), second = block_pattern(32);
+  void* before = a.malloc(kBlock, 0, nullptr);
+  ASSERT_NE(before, nullptr) << last_error();
+  ASSERT_EQ(a.memcpy(before, first.data(), kBlock, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(a.enable_peer_access(1, 0), 0) << last_error();
+  EXPECT_EQ(a.enable_peer_access(1, 0), 0) << "twice costs nothing";
+  void* after = a.malloc(kBlock, 0, nullptr);
+  ASSERT_NE(after, nullptr) << last_error();
+  ASSERT_EQ(a.memcpy(after, second.data(), kBlock, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(a.set_device(1), cudaSuccess);
+  cudaStream_t one = nullptr;
+  ASSERT_EQ(a.stream_create(&one), cudaSuccess);
+  void* both = a.malloc(2 * kBlock, 1, one);
+  ASSERT_NE(both, nullptr) << last_error();
+  ASSERT_EQ(a.memcpy_async(both, before, kBlock, cudaMemcpyDeviceToDevice, one), cudaSuccess);
+  ASSERT_EQ(a.memcpy_async(static_cast<char*>(both) + kBlock, after, kBlock, cudaMemcpyDeviceToDevice, one),
+            cudaSuccess);
+  ASSERT_EQ(a.stream_synchronize(one), cudaSuccess);
+  std::vector<unsigned char> out(kBlock);
+  ASSERT_EQ(a.memcpy(out.data(), both, kBlock, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(out == first);
+  ASSERT_EQ(a.memcpy(out.data(), static_cast<char*>(both) + kBlock, kBlock, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(out == second);
+  a.free(both, 2 * kBlock, 1, one);
+  ASSERT_EQ(a.stream_destroy(one), cudaSuccess);
+  ASSERT_EQ(a.set_device(0), cudaSuccess);
+  a.free(before, kBlock, 0, nullptr);
+  a.free(after, kBlock, 0, nullptr);
+  EXPECT_STREQ(a.last_error(), "");
+
+  EXPECT_EQ(a.enable_peer_access(-1, 0), -1);
+  EXPECT_NE(std::string(a.last_error()).find("device -1"), std::string::npos) << last_error();
+  EXPECT_EQ(a.enable_peer_access(0, 64), -1);
+  EXPECT_NE(std::string(a.last_error()).find("expected devices 0 to 63"), std::string::npos) << last_error();
 }
 
 // An unpack that finds no memory to bring its block back (every resident block is in use:

@@ -3,7 +3,7 @@
 they move with allocations, and vramswap.reset_peak_stats() resets both spellings. torch's
 functions exist under torch's names (memory_allocated, max_memory_allocated,
 memory_reserved, max_memory_reserved, reset_peak_memory_stats, memory_summary) and answer
-from the same numbers.
+from the same numbers. enable_peer_access refuses a device out of range.
 
 Runs in the CPU-emulation mode (no GPU): torch's CPU tensors come from vramswap on cudasim.
 Usage: python3 tests/python/test_memory_stats.py   (exit status 0: every check held)
@@ -105,6 +105,15 @@ def main():
           f"({s1['reserved_bytes.all.peak']} -> {s3['reserved_bytes.all.peak']})")
     check(s3["peak_allocated_bytes"] == s3["allocated_bytes"] and s3["peak_reserved_bytes"] == s3["reserved_bytes"],
           "reset_peak_stats resets vramswap's own peak keys")
+
+    # enable_peer_access: device 0 with itself is nothing to do; a device out of range is
+    # refused with the C ABI's message (two devices: tests/plugin's peer tests).
+    vramswap.enable_peer_access(0, 0)
+    try:
+        vramswap.enable_peer_access(0, 64)
+        check(False, "enable_peer_access(0, 64) raises")
+    except vramswap.VramswapError as e:
+        check("expected devices 0 to 63" in str(e), f"enable_peer_access(0, 64) raises, saying what is accepted ({e})")
 
     print("PASS" if not failures else f"{len(failures)} check(s) failed")
     return 0 if not failures else 1

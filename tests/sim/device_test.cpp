@@ -157,6 +157,58 @@ TEST(Device, EachDeviceHasItsOwnMemory) {
   EXPECT_CUDA_OK(cudaFree(p));
 }
 
+// "cudaEventRecord() will fail if the input event and input stream are associated to
+// different devices", while "cudaStreamWaitEvent() will succeed even if the input stream and
+// input event are associated to different devices" (CUDA C++ Programming Guide, multi-device
+// system, stream and event behavior). An event belongs to the device current at its creation.
+TEST(Device, AnEventIsRecordedOnlyOnItsOwnDevicesStreams) {
+  if (device_count() < 2) GTEST_SKIP() << "needs CUDASIM_DEVICE_COUNT >= 2";
+  ASSERT_CUDA_OK(cudaSetDevice(0));
+  cudaEvent_t event = nullptr;
+  ASSERT_CUDA_OK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  cudaStream_t s0 = nullptr, s1 = nullptr;
+  ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+  ASSERT_CUDA_OK(cudaSetDevice(1));
+  ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  EXPECT_EQ(cudaErrorInvalidResourceHandle, cudaEventRecord(event, s1));
+  cudaGetLastError();
+  EXPECT_EQ(cudaErrorInvalidResourceHandle, cudaEventRecord(event, nullptr)) << "device 1's legacy stream";
+  cudaGetLastError();
+  EXPECT_CUDA_OK(cudaEventRecord(event, s0)) << "its own device's stream, whichever device is current";
+  EXPECT_CUDA_OK(cudaStreamWaitEvent(s1, event, 0)) << "another device's stream may wait for it";
+  EXPECT_CUDA_OK(cudaStreamSynchronize(s1));
+  EXPECT_CUDA_OK(cudaEventDestroy(event));
+  EXPECT_CUDA_OK(cudaStreamDestroy(s1));
+  ASSERT_CUDA_OK(cudaSetDevice(0));
+  EXPECT_CUDA_OK(cudaStreamDestroy(s0));
+}
+
+// Peer access between two devices: asked, enabled once (a second time is
+// cudaErrorPeerAccessAlreadyEnabled), disabled once (again: cudaErrorPeerAccessNotEnabled);
+// a device is never its own peer.
+TEST(Device, PeerAccessIsEnabledAndDisabledOnce) {
+  if (device_count() < 2) GTEST_SKIP() << "needs CUDASIM_DEVICE_COUNT >= 2";
+  int can = -1;
+  ASSERT_CUDA_OK(cudaDeviceCanAccessPeer(&can, 1, 0));
+  EXPECT_EQ(1, can);
+  ASSERT_CUDA_OK(cudaDeviceCanAccessPeer(&can, 0, 0));
+  EXPECT_EQ(0, can);
+  EXPECT_EQ(cudaErrorInvalidDevice, cudaDeviceCanAccessPeer(&can, 0, 99));
+  cudaGetLastError();
+  ASSERT_CUDA_OK(cudaSetDevice(1));
+  EXPECT_CUDA_OK(cudaDeviceEnablePeerAccess(0, 0));
+  EXPECT_EQ(cudaErrorPeerAccessAlreadyEnabled, cudaDeviceEnablePeerAccess(0, 0));
+  cudaGetLastError();
+  EXPECT_EQ(cudaErrorInvalidDevice, cudaDeviceEnablePeerAccess(1, 0)) << "itself";
+  cudaGetLastError();
+  EXPECT_EQ(cudaErrorInvalidValue, cudaDeviceEnablePeerAccess(0, 1)) << "flags must be 0";
+  cudaGetLastError();
+  EXPECT_CUDA_OK(cudaDeviceDisablePeerAccess(0));
+  EXPECT_EQ(cudaErrorPeerAccessNotEnabled, cudaDeviceDisablePeerAccess(0));
+  cudaGetLastError();
+  ASSERT_CUDA_OK(cudaSetDevice(0));
+}
+
 TEST(Errors, GetLastErrorResetsPeekAtLastErrorDoesNot) {
   ASSERT_CUDA_OK(cudaFree(nullptr));  // initializes the runtime
   cudaGetLastError();                 // starts from cudaSuccess

@@ -360,6 +360,69 @@ TEST_F(Vmm, ReadOnlyRangeCanBeRead) {
   unmap_all(va, size, handle);
 }
 
+// cuMemSetAccess grants access per device: "Sets the access flags for each location
+// specified in desc for the given virtual address range." A grant to the owning device says
+// nothing of another device's access.
+TEST_F(Vmm, AccessIsGrantedPerDevice) {
+  int count = 0;
+  ASSERT_CU_OK(cuDeviceGetCount(&count));
+  if (count < 2) GTEST_SKIP() << "needs CUDASIM_DEVICE_COUNT >= 2";
+  const size_t size = gran_;
+  CUmemGenericAllocationHandle handle = 0;
+  const CUdeviceptr va = map_rw(size, &handle);
+  CUmemLocation other{};
+  other.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  other.id = 1;
+  unsigned long long flags = 99;
+  ASSERT_CU_OK(cuMemGetAccess(&flags, &other, va));
+  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_NONE), flags);
+  CUmemAccessDesc desc{};
+  desc.location = other;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+  ASSERT_CU_OK(cuMemSetAccess(va, size, &desc, 1));
+  ASSERT_CU_OK(cuMemGetAccess(&flags, &other, va));
+  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READ), flags);
+  CUmemLocation own{};
+  own.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  own.id = dev_;
+  ASSERT_CU_OK(cuMemGetAccess(&flags, &own, va));
+  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READWRITE), flags) << "the owner's grant stays";
+  unmap_all(va, size, handle);
+}
+
+// Device 1's stream copies from device 0's mapping once device 1 has been granted access.
+TEST_F(Vmm, AnotherDeviceWithAGrantCopiesFromTheMapping) {
+  int count = 0;
+  ASSERT_CU_OK(cuDeviceGetCount(&count));
+  if (count < 2) GTEST_SKIP() << "needs CUDASIM_DEVICE_COUNT >= 2";
+  const size_t size = gran_;
+  CUmemGenericAllocationHandle handle = 0;
+  const CUdeviceptr va = map_rw(size, &handle);
+  std::memset(host_ptr(va), 0x6d, size);
+  CUmemAccessDesc desc{};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = 1;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+  ASSERT_CU_OK(cuMemSetAccess(va, size, &desc, 1));
+  CUcontext ctx1 = nullptr;
+  ASSERT_CU_OK(cuDevicePrimaryCtxRetain(&ctx1, 1));
+  ASSERT_CU_OK(cuCtxSetCurrent(ctx1));
+  CUstream stream = nullptr;
+  ASSERT_CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr dst = 0;
+  ASSERT_CU_OK(cuMemAlloc(&dst, size));
+  ASSERT_CU_OK(cuMemcpyDtoDAsync(dst, va, size, stream));
+  ASSERT_CU_OK(cuStreamSynchronize(stream));
+  std::vector<unsigned char> out(size);
+  ASSERT_CU_OK(cuMemcpyDtoH(out.data(), dst, size));
+  EXPECT_EQ(std::vector<unsigned char>(size, 0x6d), out);
+  EXPECT_CU_OK(cuMemFree(dst));
+  EXPECT_CU_OK(cuStreamDestroy(stream));
+  ASSERT_CU_OK(cuCtxSetCurrent(ctx_));
+  EXPECT_CU_OK(cuDevicePrimaryCtxRelease(1));
+  unmap_all(va, size, handle);
+}
+
 using VmmDeathTest = Vmm;
 
 TEST_F(VmmDeathTest, TouchingReservedButUnmappedAddressFaults) {
@@ -421,6 +484,32 @@ TEST_F(VmmDeathTest, RemappedRangeStartsWithoutAccess) {
         static_cast<volatile unsigned char*>(host_ptr(va))[0] = 2;
       },
       ::testing::KilledBySignal(SIGSEGV), "");
+  unmap_all(va, gran_, handle);
+}
+
+// Without a grant, a copy on another device's stream touching the mapping faults (an illegal
+// address on a GPU): the process stops and says which device lacked access.
+TEST_F(VmmDeathTest, AnotherDeviceWithoutAGrantFaults) {
+  int count = 0;
+  ASSERT_CU_OK(cuDeviceGetCount(&count));
+  if (count < 2) GTEST_SKIP() << "needs CUDASIM_DEVICE_COUNT >= 2";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  CUmemGenericAllocationHandle handle = 0;
+  const CUdeviceptr va = map_rw(gran_, &handle);
+  EXPECT_DEATH(
+      {
+        no_core_dumps();
+        CUcontext ctx1 = nullptr;
+        cuDevicePrimaryCtxRetain(&ctx1, 1);
+        cuCtxSetCurrent(ctx1);
+        CUstream stream = nullptr;
+        cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+        CUdeviceptr dst = 0;
+        cuMemAlloc(&dst, gran_);
+        cuMemcpyDtoDAsync(dst, va, gran_, stream);
+        cuStreamSynchronize(stream);
+      },
+      "device 1 has no access");
   unmap_all(va, gran_, handle);
 }
 

@@ -32,7 +32,8 @@ from ._version import __version__
 
 __all__ = ["__version__", "install", "installed", "sim", "offload", "memory_stats", "reset_peak_stats",
            "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-           "reset_peak_memory_stats", "memory_summary", "empty_cache", "tracker_stats", "VramswapError", "ConfigError",
+           "reset_peak_memory_stats", "memory_summary", "empty_cache", "enable_peer_access", "tracker_stats",
+           "VramswapError", "ConfigError",
            "OutOfMemoryError"]
 
 # The torch-facing parts import torch; they load on first use, so that what needs no torch
@@ -198,6 +199,17 @@ def empty_cache():
     """Returns vramswap's cached free memory to the device (torch.cuda.empty_cache)."""
     from . import _lib
     _lib.lib().vramswap_empty_cache()
+
+
+def enable_peer_access(device, peer):
+    """Lets `device` read and write the blocks vramswap allocated on `peer`, after the program
+    enabled CUDA peer access between them (torch does when it copies between devices): each of
+    vramswap's mappings on `peer`, now and later, grants `device` access, which peer access
+    alone does not give memory mapped with CUDA's VMM calls. Raises VramswapError for a device
+    out of range or a grant the driver refused."""
+    from . import _lib
+    if _lib.lib().vramswap_enable_peer_access(int(device), int(peer)) != 0:
+        raise VramswapError("vramswap_enable_peer_access: " + _lib.last_error())
 
 
 def reset_peak_stats():

@@ -61,6 +61,7 @@ def _declare(lib):
         "vramswap_free": (None, [vp, sz, i, vp]),
         "vramswap_record_stream": (None, [vp, vp]),
         "vramswap_empty_cache": (None, []),
+        "vramswap_enable_peer_access": (i, [i, i]),
         "vramswap_configure": (i, [cp, cp]),
         "vramswap_last_error": (cp, []),
         "vramswap_stats_json": (sz, [ctypes.c_char_p, sz]),

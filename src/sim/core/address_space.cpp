@@ -93,4 +93,25 @@ uintptr_t first_inaccessible(const void* ptr, uint64_t bytes, bool write) {
   return 0;
 }
 
-}  // namespace cudasim
+uintptr_t first_inaccessible_to(int device, const void* ptr, uint64_t bytes, bool write) {
+  auto addr = reinterpret_cast<uintptr_t>(ptr);
+  AddressSpace& as = address_space();
+  std::shared_lock lock(as.mu);
+  Region* r = as.find(addr);
+  if (!r || r->kind != RegionKind::kReservation) return 0;
+  const uint64_t end = addr + bytes;
+  const uint32_t bit = device >= 0 && device < 32 ? 1u << device : 0;
+  auto it = r->mappings.upper_bound(addr);
+  if (it != r->mappings.begin()) --it;
+  for (uintptr_t at = addr; at < end && it != r->mappings.end(); ++it) {
+    if (it->first + it->second.size <= at) continue;
+    if (it->first >= end) break;
+    const Mapping& m = it->second;
+    if (m.device != device && !((write ? m.peer_write : m.peer_read) & bit)) return std::max(at, it->first);
+    at = it->first + m.size;
+  }
+  return 0;
+}
+
+}  // namespace cudasim#include <algorithm>
+

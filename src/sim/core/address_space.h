@@ -28,7 +28,8 @@ struct Mapping {
   uint64_t size = 0;
   uint64_t physical_id = 0;                       // the CUmemGenericAllocationHandle
   int device = 0;
-  CUmemAccess_flags access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  CUmemAccess_flags access = CU_MEM_ACCESS_FLAGS_PROT_NONE;  // the owning device's (the host's)
+  uint32_t peer_read = 0, peer_write = 0;  // other devices granted access: bit d for device d
 };
 
 struct Region {
@@ -74,5 +75,11 @@ PointerInfo classify(const void* ptr, uint64_t bytes);
 // the range is no longer known at all (its block was freed). 0 when the whole range may
 // be touched.
 uintptr_t first_inaccessible(const void* ptr, uint64_t bytes, bool write);
+
+// For work queued on a stream of `device`: the first address of [ptr, ptr+bytes) in a
+// mapping of another device to which `device` was not granted the access (cuMemSetAccess
+// grants each device its own), or 0. Memory from cuMemAlloc is not checked (a copy between
+// devices is staged by the driver where peers cannot reach each other).
+uintptr_t first_inaccessible_to(int device, const void* ptr, uint64_t bytes, bool write);
 
 }  // namespace cudasim

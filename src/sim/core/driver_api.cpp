@@ -289,6 +289,41 @@ CUresult cuCtxGetDevice(CUdevice* dev) {
   return call.ret(CUDA_SUCCESS);
 }
 
+// Peer access: any two distinct devices may reach each other. It is recorded per context
+// (the runtime enables it between primary contexts); what it governs in CUDA, kernels
+// reading cuMemAlloc memory of the peer, cudasim has no kernels for. cuMemSetAccess grants
+// VMM mappings to other devices separately (driver_vmm.cpp).
+CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
+  Call call(__func__);
+  if (!call.ok()) return call.status();
+  if (!can) return call.ret(CUDA_ERROR_INVALID_VALUE);
+  if (!device(dev) || !device(peer)) return call.ret(CUDA_ERROR_INVALID_DEVICE);
+  *can = dev != peer ? 1 : 0;
+  return call.ret(CUDA_SUCCESS);
+}
+
+CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
+  Call call(__func__, Call::kNeedsContext);
+  if (!call.ok()) return call.status();
+  if (flags != 0) return call.ret(CUDA_ERROR_INVALID_VALUE);
+  CUcontext mine = current_device()->primary_context();
+  if (!peer || !peer->device) return call.ret(CUDA_ERROR_INVALID_CONTEXT);
+  if (peer->device == mine->device) return call.ret(CUDA_ERROR_INVALID_DEVICE);
+  const uint32_t bit = 1u << (peer->device->ordinal() & 31);
+  if (mine->peers.fetch_or(bit) & bit) return call.ret(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+  return call.ret(CUDA_SUCCESS);
+}
+
+CUresult cuCtxDisablePeerAccess(CUcontext peer) {
+  Call call(__func__, Call::kNeedsContext);
+  if (!call.ok()) return call.status();
+  CUcontext mine = current_device()->primary_context();
+  if (!peer || !peer->device) return call.ret(CUDA_ERROR_INVALID_CONTEXT);
+  const uint32_t bit = 1u << (peer->device->ordinal() & 31);
+  if (!(mine->peers.fetch_and(~bit) & bit)) return call.ret(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+  return call.ret(CUDA_SUCCESS);
+}
+
 CUresult cuCtxSynchronize(void) {
   Call call(__func__, Call::kNeedsContext);
   if (!call.ok()) return call.status();

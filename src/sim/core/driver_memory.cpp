@@ -19,6 +19,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -46,6 +48,20 @@ void fault_if_inaccessible(const void* p, uint64_t n, bool write) {
   volatile unsigned char* q = reinterpret_cast<volatile unsigned char*>(bad);
   unsigned char v = *q;  // faults on a range without access
   if (write) *q = v;     // faults on a read-only range
+}
+
+// A copy or memset run on a stream of `device` touching another device's mapping that
+// `device` was not granted (cuMemSetAccess): an illegal address on a GPU. The process stops,
+// saying so. Nothing is checked with one device.
+void fault_unless_granted(int device, const void* p, uint64_t n, bool write, const char* what) {
+  if (device_count() < 2) return;
+  const uintptr_t bad = first_inaccessible_to(device, p, n, write);
+  if (!bad) return;
+  std::fprintf(stderr,
+               "cudasim: illegal address 0x%lx during %s on a stream of device %d: device %d has no access to "
+               "that mapping of another device (cuMemSetAccess grants access per device)\n",
+               (unsigned long)bad, what, device, device);
+  std::abort();
 }
 
 // Maps anonymous host-accessible memory for a device block or a pinned host buffer.
@@ -127,8 +143,15 @@ CUresult copy(void* dst, const void* src, size_t n, CUstream h, bool per_thread,
   op.timing.kind = dst_dev ? (src_dev ? OpKind::kCopyD2D : OpKind::kCopyH2D)
                            : (src_dev ? OpKind::kCopyD2H : OpKind::kOther);
   op.timing.bytes = n;
+  const int on = stream->device()->ordinal();
+  // Another device's mappings need a grant to the stream's device (checked when it runs).
+  auto granted = [on, dst, src, n, dst_dev, src_dev, what] {
+    if (src_dev) fault_unless_granted(on, src, n, false, what);
+    if (dst_dev) fault_unless_granted(on, dst, n, true, what);
+  };
   if (settings().unbacked) {
-    op.run = [dst, src, n, counter, dst_dev, src_dev] {
+    op.run = [dst, src, n, counter, dst_dev, src_dev, granted] {
+      granted();
       if (src_dev) fault_if_inaccessible(src, n, false);
       if (dst_dev) fault_if_inaccessible(dst, n, true);
       counter->fetch_add(n, std::memory_order_relaxed);
@@ -136,12 +159,14 @@ CUresult copy(void* dst, const void* src, size_t n, CUstream h, bool per_thread,
   } else if (!src_dev && s.type == PointerInfo::Type::kPageableHost && !sync_call) {
     // Pageable source: staged now, as the driver stages it into its own pinned buffer.
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + n);
-    op.run = [dst, staged, n, counter] {
+    op.run = [dst, staged, n, counter, granted] {
+      granted();
       std::memcpy(dst, staged->data(), n);
       counter->fetch_add(n, std::memory_order_relaxed);
     };
   } else {
-    op.run = [dst, src, n, counter] {
+    op.run = [dst, src, n, counter, granted] {
+      granted();
       std::memcpy(dst, src, n);
       counter->fetch_add(n, std::memory_order_relaxed);
     };
@@ -174,14 +199,17 @@ CUresult memset_elements(void* dst, uint32_t value, size_t elem, size_t count, C
   op.what = "memset";
   op.timing.kind = OpKind::kMemset;
   op.timing.bytes = bytes;
+  const int on = stream->device()->ordinal();
+  const bool dst_dev = is_device(d);
   if (settings().unbacked) {
-    const bool dst_dev = is_device(d);
-    op.run = [dst, bytes, dst_dev, &counters] {
+    op.run = [dst, bytes, dst_dev, on, &counters] {
+      if (dst_dev) fault_unless_granted(on, dst, bytes, true, "memset");
       if (dst_dev) fault_if_inaccessible(dst, bytes, true);
       counters.bytes_memset.fetch_add(bytes, std::memory_order_relaxed);
     };
   } else {
-    op.run = [dst, value, elem, count, bytes, &counters] {
+    op.run = [dst, value, elem, count, bytes, dst_dev, on, &counters] {
+      if (dst_dev) fault_unless_granted(on, dst, bytes, true, "memset");
       if (elem == 1) {
         std::memset(dst, int(value & 0xff), count);
       } else if (elem == 2) {

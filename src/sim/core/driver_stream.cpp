@@ -105,6 +105,9 @@ CUresult event_record(CUevent e, CUstream h, bool per_thread) {
   CUresult err;
   auto s = resolve_stream(h, per_thread, &err);
   if (!s) return err;
+  // "cudaEventRecord() will fail if the input event and input stream are associated to
+  // different devices" (CUDA C++ Programming Guide, multi-device system).
+  if (s->device()->ordinal() != e->device) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult r = check_legacy_implicit(s)) return r;
   std::lock_guard lock(e->mu);
   if (auto cap = s->capture()) {
@@ -376,6 +379,7 @@ CUresult cuEventCreate(CUevent* pe, unsigned int flags) {
   if ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING)) return call.ret(CUDA_ERROR_INVALID_VALUE);
   auto* e = new CUevent_st;
   e->flags = flags;
+  e->device = current_device()->ordinal();
   event_handles().add(e);
   *pe = e;
   return call.ret(CUDA_SUCCESS);

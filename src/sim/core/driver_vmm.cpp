@@ -324,11 +324,24 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
   if (!r) return call.ret(CUDA_ERROR_INVALID_VALUE);
   auto tiles = exact_mappings(*r, uintptr_t(ptr), size);
   if (tiles.empty()) return call.ret(CUDA_ERROR_INVALID_VALUE);
-  // The host stands in for the owning device: the access that device was given applies.
+  // The host stands in for the owning device: the access that device was given applies to
+  // the host's view. Other devices' grants are kept per device and checked by the copies and
+  // memsets queued on their streams (first_inaccessible_to).
   for (auto& t : tiles) {
-    for (size_t i = 0; i < count; ++i)
-      if (desc[i].location.id == t->second.device) t->second.access = desc[i].flags;
-    ::mprotect(reinterpret_cast<void*>(t->first), t->second.size, prot_of(t->second.access));
+    Mapping& m = t->second;
+    for (size_t i = 0; i < count; ++i) {
+      const int id = desc[i].location.id;
+      if (id == m.device) {
+        m.access = desc[i].flags;
+        continue;
+      }
+      const uint32_t bit = id < 32 ? 1u << id : 0;
+      m.peer_read &= ~bit;
+      m.peer_write &= ~bit;
+      if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) m.peer_read |= bit;
+      if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) m.peer_write |= bit;
+    }
+    ::mprotect(reinterpret_cast<void*>(t->first), m.size, prot_of(m.access));
   }
   charge_host(settings().host_costs.mem_set_access_ns * tiles.size());
   return call.ret(CUDA_SUCCESS);
@@ -346,7 +359,12 @@ CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location
   if (it == r->mappings.begin() || std::prev(it)->first + std::prev(it)->second.size <= ptr)
     return call.ret(CUDA_ERROR_INVALID_VALUE);
   --it;
-  *flags = location->id == it->second.device ? it->second.access : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  const Mapping& m = it->second;
+  const uint32_t bit = location->id >= 0 && location->id < 32 ? 1u << location->id : 0;
+  *flags = location->id == m.device ? m.access
+           : (m.peer_write & bit)   ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+           : (m.peer_read & bit)    ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                                    : CU_MEM_ACCESS_FLAGS_PROT_NONE;
   return call.ret(CUDA_SUCCESS);
 }
 

@@ -190,6 +190,7 @@ struct CUstream_st {
 
 struct CUevent_st {
   unsigned flags = 0;
+  int device = 0;  // current at creation: the event is recorded only on that device's streams
   std::mutex mu;
   bool recorded = false;
   cudasim::StreamPoint point;                               // completion of the last record

@@ -159,6 +159,40 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   return api.ret(cuMemGetInfo_v2(free_bytes, total));
 }
 
+cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
+  Api api(__func__, Api::kNothing);
+  if (!api.ok()) return api.status();
+  if (CUresult r = cuInit(0)) return api.ret(r);
+  return api.ret(cuDeviceCanAccessPeer(can, device, peer));
+}
+
+// Between the current device's primary context and the peer's.
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  Api api(__func__);
+  if (!api.ok()) return api.status();
+  int count = 0;
+  cuDeviceGetCount(&count);
+  if (peer < 0 || peer >= count) return api.ret(cudaErrorInvalidDevice);
+  CUcontext ctx = nullptr;
+  if (CUresult r = cuDevicePrimaryCtxRetain(&ctx, peer)) return api.ret(r);
+  const CUresult r = cuCtxEnablePeerAccess(ctx, flags);
+  cuDevicePrimaryCtxRelease_v2(peer);
+  return api.ret(r);
+}
+
+cudaError_t cudaDeviceDisablePeerAccess(int peer) {
+  Api api(__func__);
+  if (!api.ok()) return api.status();
+  int count = 0;
+  cuDeviceGetCount(&count);
+  if (peer < 0 || peer >= count) return api.ret(cudaErrorInvalidDevice);
+  CUcontext ctx = nullptr;
+  if (CUresult r = cuDevicePrimaryCtxRetain(&ctx, peer)) return api.ret(r);
+  const CUresult r = cuCtxDisablePeerAccess(ctx);
+  cuDevicePrimaryCtxRelease_v2(peer);
+  return api.ret(r);
+}
+
 cudaError_t cudaDeviceSynchronize(void) {
   Api api(__func__);
   if (!api.ok()) return api.status();

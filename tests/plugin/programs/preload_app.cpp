@@ -27,6 +27,12 @@
 //               a 48 MiB cudaMallocAsync on it that needs the first stream's pages, a memset
 //               captured into the graph, the capture's end. Prints "capture: ok" when the
 //               capture ended with a graph and launching it wrote the block.
+// --peer        with two devices: a block allocated on device 0, peer access enabled from
+//               device 1 (cudaDeviceEnablePeerAccess(0, 0)), a second block allocated on
+//               device 0 after that, then a stream of device 1 copies both into a device-1
+//               block. Prints "peer: ok" when every byte arrived.
+// --peer-without-access  the same copies without enabling peer access (the copy on device
+//               1's stream must fault).
 // Exit status: 0 when every check held, 1 otherwise (the failed check is on stderr).
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -222,16 +228,63 @@ void capture_at_the_limit() {
   if (written && failures == 0) std::printf("capture: ok\n");
 }
 
+// --peer, --peer-without-access (see the top of the file).
+void peer_copy(bool enable) {
+  constexpr size_t kBytes = 4 << 20;
+  int count = 0;
+  CHECK_CUDA(cudaGetDeviceCount(&count));
+  if (count < 2) {
+    std::fprintf(stderr, "preload_app: --peer needs two devices, found %d\n", count);
+    ++failures;
+    return;
+  }
+  CHECK_CUDA(cudaSetDevice(0));
+  void* before = nullptr;
+  CHECK_CUDA(cudaMalloc(&before, kBytes));
+  CHECK_CUDA(cudaMemcpy(before, pattern(kBytes, 21).data(), kBytes, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaSetDevice(1));
+  if (enable) CHECK_CUDA(cudaDeviceEnablePeerAccess(0, 0));
+  CHECK_CUDA(cudaSetDevice(0));
+  void* after = nullptr;  // mapped once peer access was enabled
+  CHECK_CUDA(cudaMalloc(&after, kBytes));
+  CHECK_CUDA(cudaMemcpy(after, pattern(kBytes, 22).data(), kBytes, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaSetDevice(1));
+  cudaStream_t s1 = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  void* both = nullptr;
+  CHECK_CUDA(cudaMalloc(&both, 2 * kBytes));
+  if (before && after && both && s1) {
+    CHECK_CUDA(cudaMemcpyAsync(both, before, kBytes, cudaMemcpyDeviceToDevice, s1));
+    CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(both) + kBytes, after, kBytes, cudaMemcpyDeviceToDevice, s1));
+    CHECK_CUDA(cudaStreamSynchronize(s1));
+    std::vector<unsigned char> out(kBytes);
+    CHECK_CUDA(cudaMemcpy(out.data(), both, kBytes, cudaMemcpyDeviceToHost));
+    const bool first = out == pattern(kBytes, 21);
+    CHECK_CUDA(cudaMemcpy(out.data(), static_cast<char*>(both) + kBytes, kBytes, cudaMemcpyDeviceToHost));
+    const bool second = out == pattern(kBytes, 22);
+    CHECK(first);
+    CHECK(second);
+    if (first && second && failures == 0) std::printf("peer: ok\n");
+  }
+  CHECK_CUDA(cudaFree(both));
+  CHECK_CUDA(cudaStreamDestroy(s1));
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaFree(before));
+  CHECK_CUDA(cudaFree(after));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::printf("preload_app: start\n");
   std::fflush(stdout);
   unsigned long long oom_bytes = 0, big_bytes = 0, offload_blocks = 0;
-  bool reuse_after_legacy_free = false, capture = false;
+  bool reuse_after_legacy_free = false, capture = false, peer = false, peer_without_access = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--legacy-reuse") reuse_after_legacy_free = true;
     if (std::string(argv[i]) == "--capture") capture = true;
+    if (std::string(argv[i]) == "--peer") peer = true;
+    if (std::string(argv[i]) == "--peer-without-access") peer_without_access = true;
     if (std::string(argv[i]) == "--oom" && i + 1 < argc) oom_bytes = std::strtoull(argv[++i], nullptr, 10);
     if (std::string(argv[i]) == "--big" && i + 1 < argc) big_bytes = std::strtoull(argv[++i], nullptr, 10);
     if (std::string(argv[i]) == "--offload" && i + 1 < argc) offload_blocks = std::strtoull(argv[++i], nullptr, 10);
@@ -350,6 +403,7 @@ int main(int argc, char** argv) {
   if (offload_blocks) offload(offload_blocks);
   if (reuse_after_legacy_free) legacy_reuse();
   if (capture) capture_at_the_limit();
+  if (peer || peer_without_access) peer_copy(peer);
 
   if (big_bytes) {
     void* d = nullptr;
