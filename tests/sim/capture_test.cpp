@@ -68,6 +68,28 @@ TEST_F(Capture, AnEventLastRecordedInACaptureCannotBeQueriedOrAwaited) {
   EXPECT_CUDA_OK(cudaEventDestroy(event));
 }
 
+// A stream waiting on an event recorded during a capture joins that capture while it lasts
+// (a fork). Once the capture has ended there is nothing to join: the event is still "last
+// recorded in a capturing stream" (cudaErrorCapturedEvent), and the waiting stream stays out
+// of any capture.
+TEST_F(Capture, WaitingOnAnEventOfAnEndedCaptureIsACapturedEventError) {
+  cudaEvent_t event = nullptr;
+  ASSERT_CUDA_OK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  ASSERT_CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+  ASSERT_CUDA_OK(cudaEventRecord(event, stream_));
+  cudaGraph_t graph = nullptr;
+  ASSERT_CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+  Stream other{cudaStreamNonBlocking};
+  EXPECT_EQ(cudaErrorCapturedEvent, cudaStreamWaitEvent(other, event, 0));
+  cudaGetLastError();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
+  ASSERT_CUDA_OK(cudaStreamIsCapturing(other, &status));
+  EXPECT_EQ(cudaStreamCaptureStatusNone, status) << "joined a capture that had ended";
+  EXPECT_CUDA_OK(cudaStreamSynchronize(other));
+  EXPECT_CUDA_OK(cudaGraphDestroy(graph));
+  EXPECT_CUDA_OK(cudaEventDestroy(event));
+}
+
 TEST_F(Capture, IsCapturingIsActiveBetweenBeginAndEnd) {
   EXPECT_EQ(cudaStreamCaptureStatusNone, capture_status());
   ASSERT_CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));

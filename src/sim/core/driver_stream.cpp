@@ -82,7 +82,9 @@ CUresult stream_wait_event(CUstream h, CUevent e, unsigned flags, bool per_threa
   if (flags & ~unsigned(CU_EVENT_WAIT_EXTERNAL)) return CUDA_ERROR_INVALID_VALUE;
   std::unique_lock lock(e->mu);
   if (e->captured_in) {
-    // Waiting on an event recorded inside a capture joins the waiting stream to it.
+    // Waiting on an event recorded inside a capture joins the waiting stream to it, while
+    // it lasts; after its end the event is still one last recorded in a capture.
+    if (e->captured_in->ended) return CUDA_ERROR_CAPTURED_EVENT;
     auto mine = s->capture();
     if (mine && mine != e->captured_in) return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
     if (!mine) s->set_capture(e->captured_in);
@@ -198,6 +200,7 @@ CUresult end_capture(CUstream h, CUgraph* graph, bool per_thread) {
     for (auto& other : device(i)->all_streams())
       if (other->capture() == cap) other->set_capture(nullptr);
   unregister_capture(cap);
+  cap->ended = true;
   if (cap->invalidated) {
     *graph = nullptr;
     return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;

@@ -83,7 +83,8 @@ struct Capture {
   std::shared_ptr<Graph> graph;
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   std::thread::id owner;
-  bool invalidated = false;
+  std::atomic<bool> invalidated{false};  // set by any thread's prohibited call
+  std::atomic<bool> ended{false};        // cuStreamEndCapture ran: no stream can join it any more
   uint64_t id = 0;
 };
 
