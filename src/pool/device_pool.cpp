@@ -446,6 +446,11 @@ class DevicePool::Impl {
   Reclaimer reclaimer_;
   int reclaimer_calls_ = 0;                  // calls of reclaimer_ in progress (lock released)
   std::condition_variable reclaimer_idle_;   // notified when reclaimer_calls_ drops to 0
+  // Streams synchronize_and_retire() is synchronizing with the lock released (one entry per
+  // call), and the condition stream_destroyed() waits on until its stream is not among them:
+  // the program must not destroy a stream the pool is about to name.
+  std::vector<cudaStream_t> syncing_;
+  std::condition_variable synced_;
 
   uint64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   uint64_t allocated_high_ = 0;  // the highest allocated_ since take_allocated_high()
@@ -987,6 +992,8 @@ bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock
     }
     it = free_.erase(it);
   }
+  const bool each = only == kAnyStream && streams_reported_;
+  if (each) syncing_.insert(syncing_.end(), tags.begin(), tags.end());
   lock.unlock();
   std::vector<cudaStream_t> done;  // the tags whose queued work has completed
   bool synchronized = false;
@@ -1002,6 +1009,10 @@ bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock
     done = tags;
   }
   lock.lock();
+  if (each) {
+    for (cudaStream_t t : tags) syncing_.erase(std::find(syncing_.begin(), syncing_.end(), t));
+    synced_.notify_all();
+  }
   for (auto& [addr, tag] : retiring)
     release_block(blocks_.find(addr), std::find(done.begin(), done.end(), tag) != done.end() ? kAnyStream : tag);
   if (!synchronized) return false;
@@ -1455,6 +1466,9 @@ Result DevicePool::Impl::stream_destroyed(cudaStream_t stream) {
   if (stream == kAnyStream || stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
     return {};  // the default streams are never destroyed
   std::unique_lock lock(mu_);
+  // Another thread may be synchronizing it (its cached blocks being retired): the stream must
+  // outlive that call.
+  synced_.wait(lock, [&] { return std::find(syncing_.begin(), syncing_.end(), stream) == syncing_.end(); });
   open_.erase(stream);
   flush_quick();
   auto names = [&](const Block& b) {

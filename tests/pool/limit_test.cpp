@@ -6,7 +6,10 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "pool_test_util.h"
 
@@ -450,6 +453,42 @@ TEST_F(LimitStreamsReported, EventsAndStreamsAskedAtTheLimitLeaveAGlobalCaptureV
   if (graph != nullptr) cudaGraphDestroy(graph);
   if (p != nullptr) deallocate(p);
   free_the_rest();
+}
+
+// The program may destroy a stream while another thread's allocation, with the pool's lock
+// released, is synchronizing that stream to retire the blocks it freed: the pool has
+// promised never to name a destroyed stream, so stream_destroyed waits for that
+// synchronization to end before the program destroys the stream.
+TEST_F(LimitStreamsReported, AStreamIsNotDestroyedWhileAnAllocationSynchronizesIt) {
+  const size_t g = granularity();
+  Stream other;
+  ASSERT_CUDA_OK(other.status());
+  for (void*& b : blocks_) {
+    b = allocate(g, other);
+    ASSERT_NE(nullptr, b);
+  }
+  for (void* b : blocks_) deallocate(b, other);  // all cached for `other`, none live on it
+  StreamGate gate;
+  LetGoLater watchdog(gate, kHangTimeout);
+  ASSERT_CUDA_OK(gate.hold(other));  // `other` stays busy until the gate opens
+  void* p = nullptr;
+  std::thread allocating([&] {
+    std::string error;
+    p = pool().allocate(2 * g, stream_, &error);  // retires other's blocks: waits for the gate
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // into its synchronization
+  std::atomic<bool> destroyed{false};
+  std::thread destroying([&] {
+    EXPECT_TRUE(pool().stream_destroyed(other).ok);
+    destroyed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(destroyed) << "stream_destroyed returned while the stream was being synchronized";
+  watchdog.finish();  // opens the gate
+  allocating.join();
+  destroying.join();
+  EXPECT_NE(nullptr, p);
+  if (p != nullptr) deallocate(p);
 }
 
 TEST_F(Limit, AFailedRequestLeavesTheCacheUsable) {
