@@ -154,6 +154,26 @@ void vramswap_stream_destroyed(struct CUstream_st* stream) noexcept {
   });
 }
 
+int vramswap_capture_begin(int device) noexcept {
+  vramswap::clear_last_error();
+  return guarded<int>(__func__, -1, [&] {
+    std::string error;
+    if (used_allocator().capture_began(device, &error)) return 0;
+    vramswap::set_last_error(error);
+    return -1;
+  });
+}
+
+int vramswap_capture_end(int device) noexcept {
+  vramswap::clear_last_error();
+  return guarded<int>(__func__, -1, [&] {
+    std::string error;
+    if (used_allocator().capture_ended(device, &error)) return 0;
+    vramswap::set_last_error(error);
+    return -1;
+  });
+}
+
 int vramswap_enable_peer_access(int device, int peer) noexcept {
   vramswap::clear_last_error();
   return guarded<int>(__func__, -1, [&] {

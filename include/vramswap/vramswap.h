@@ -113,6 +113,18 @@ void vramswap_record_stream(void* ptr, struct CUstream_st* stream) VRAMSWAP_NOEX
  * the last error (the blocks then keep waiting on the stream). Thread-safe. */
 void vramswap_stream_destroyed(struct CUstream_st* stream) VRAMSWAP_NOEXCEPT;
 
+/* A CUDA graph capture on a stream of `device` begins, or ends (torch's begin- and
+ * end-allocate-to-pool hooks call these under vramswap.install() with torch 2.3 or newer).
+ * Under memory pressure vramswap may otherwise synchronize the device to reuse memory other
+ * streams freed, which CUDA forbids while any stream of the device captures (the capture is
+ * invalidated, in every capture mode); between a begin and its end it does not, and an
+ * allocation that would have needed it fails as out of memory instead. The capturing
+ * stream's own allocations are always recognized; the calls tell vramswap of captures on
+ * other streams. They nest. Returns 0, or -1 with the last error set (a device out of range,
+ * an end with no begin). Thread-safe. Under libvramswap_preload.so they are not needed. */
+int vramswap_capture_begin(int device) VRAMSWAP_NOEXCEPT;
+int vramswap_capture_end(int device) VRAMSWAP_NOEXCEPT;
+
 /* Device `device` may read and write the blocks vramswap allocated on device `peer` (the
  * program enabled peer access: cudaDeviceEnablePeerAccess(peer, 0) with `device` current).
  * vramswap's blocks are CUDA VMM mappings, which peer access does not cover: each mapping

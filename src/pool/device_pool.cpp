@@ -342,10 +342,10 @@ class DevicePool::Impl {
   // synchronized: its blocks keep their tag. False when nothing was retired.
   bool synchronize_and_retire(std::unique_lock<std::mutex>& lock, cudaStream_t only,
                               cudaStream_t caller = kAnyStream);
-  // The device may be synchronized on behalf of `caller`: it is not capturing (any stream
-  // capturing on the device would be invalidated in every capture mode; the pool knows only
-  // of the caller's).
-  static bool device_synchronization_allowed(cudaStream_t caller);
+  // The device may be synchronized on behalf of `caller`: no capture is reported underway
+  // (PoolOptions::captures) and `caller` is not capturing (any stream capturing on the device
+  // would be invalidated, in every capture mode).
+  bool device_synchronization_allowed(cudaStream_t caller) const;
   // Merges every quick-listed block into the free index (slow paths need the whole picture).
   void flush_quick();
   // The live block starting at `ptr`, or end() with *refusal saying why not (foreign,
@@ -403,6 +403,7 @@ class DevicePool::Impl {
 
   const int device_;
   const bool streams_reported_;
+  const std::atomic<int>* const captures_;
   uint64_t peers_ = 0;  // devices granted access to every mapping (PoolOptions::peers, grant_peer)
   uint64_t granularity_ = 0;
   uint64_t card_bytes_ = 0;
@@ -460,6 +461,7 @@ class DevicePool::Impl {
 DevicePool::Impl::Impl(const PoolOptions& options)
     : device_(options.device),
       streams_reported_(options.streams_reported),
+      captures_(options.captures),
       peers_(options.peers & ~(uint64_t(1) << (options.device & 63))),
       events_(options.device) {
   cuda::DeviceInfo info = cuda::device_info(device_);
@@ -965,7 +967,8 @@ void DevicePool::Impl::poll_pending(bool promote) {
   }
 }
 
-bool DevicePool::Impl::device_synchronization_allowed(cudaStream_t caller) {
+bool DevicePool::Impl::device_synchronization_allowed(cudaStream_t caller) const {
+  if (captures_ && captures_->load(std::memory_order_acquire) > 0) return false;
   if (caller == kAnyStream) return true;
   try {
     return !cuda::is_capturing(caller);

@@ -92,6 +92,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -120,6 +121,11 @@ struct PoolOptions {
   // Other devices granted read-write access to every mapping (bit d: device d): peers that
   // may read and write this pool's blocks (grant_peer).
   uint64_t peers = 0;
+  // Captures the program reports underway on the device (torch's begin/end-allocate-to-pool
+  // hooks, vramswap_capture_begin/end); null: none reported. While it is above 0 the pool
+  // never synchronizes the device, which would invalidate them (it still synchronizes
+  // streams it knows to be alive and not capturing). Read, never written, by the pool.
+  const std::atomic<int>* captures = nullptr;
 };
 
 struct PoolStats {

@@ -131,7 +131,8 @@ pool::DevicePool* Allocator::pool_or_create(int device, AllocError* error) {
       return nullptr;
     }
     auto created = std::make_unique<pool::DevicePool>(
-        pool::PoolOptions{device, limit, streams_reported_.load(std::memory_order_acquire), peers_[device]});
+        pool::PoolOptions{device, limit, streams_reported_.load(std::memory_order_acquire), peers_[device],
+                          &captures_[device]});
     engine_options.soft_limit_bytes = config_.resolve_soft_limit(limit);
     engine_options.host_limit_bytes = config_.host_limit.value_or(0);
     engine_options.horizon = static_cast<int>(config_.horizon);  // at most 1024 (the table's range)
@@ -369,6 +370,30 @@ bool Allocator::record_stream(void* ptr, cudaStream_t stream, std::string* error
   pool::Result r = pool(owner)->record_stream(ptr, stream);
   if (!r.ok) *error = std::move(r.message);
   return r.ok;
+}
+
+bool Allocator::capture_began(int device, std::string* error) {
+  if (device < 0 || device >= kMaxDevices) {
+    *error = "capture begins on device " + std::to_string(device) + ": expected devices 0 to " +
+             std::to_string(kMaxDevices - 1);
+    return false;
+  }
+  captures_[device].fetch_add(1, std::memory_order_acq_rel);
+  return true;
+}
+
+bool Allocator::capture_ended(int device, std::string* error) {
+  if (device < 0 || device >= kMaxDevices) {
+    *error = "capture ends on device " + std::to_string(device) + ": expected devices 0 to " +
+             std::to_string(kMaxDevices - 1);
+    return false;
+  }
+  int n = captures_[device].load(std::memory_order_acquire);
+  while (n > 0 && !captures_[device].compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) {
+  }
+  if (n > 0) return true;
+  *error = "capture ends on device " + std::to_string(device) + ": no capture had begun there";
+  return false;
 }
 
 bool Allocator::enable_peer_access(int device, int peer, std::string* error) {

@@ -160,6 +160,14 @@ class Allocator {
   // (PoolOptions::streams_reported). Call it before the first allocation. Thread-safe.
   void streams_are_reported() { streams_reported_.store(true, std::memory_order_release); }
 
+  // A CUDA graph capture on a stream of `device` begins (or another period in which a stream
+  // of it may capture: torch's begin-allocate-to-pool hook), or ends. Counted, so they nest
+  // and overlap; while any is underway the device's pool never synchronizes the device
+  // (PoolOptions::captures), which would invalidate every capture on it. False with *error
+  // set for a device out of range, or an end with none begun. Thread-safe.
+  bool capture_began(int device, std::string* error);
+  bool capture_ended(int device, std::string* error);
+
   // Device `device` may access the blocks of device `peer` from now on (the program enabled
   // peer access, cudaDeviceEnablePeerAccess(peer) with `device` current): `peer`'s pool
   // grants `device` access to every mapping, now and later (DevicePool::grant_peer). False
@@ -235,6 +243,7 @@ class Allocator {
   std::atomic<bool> blocked_{false};  // !bad_environment_.empty(), for the hot path
   std::atomic<bool> streams_reported_{false};
   std::array<uint64_t, kMaxDevices> peers_{};  // per pool: the devices granted access (under mu_)
+  std::array<std::atomic<int>, kMaxDevices> captures_{};  // per device: captures reported underway
   bool any_pool_ = false;
   bool settings_logged_ = false;
 

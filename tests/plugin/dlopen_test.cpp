@@ -48,6 +48,8 @@ struct Api {
   decltype(&vramswap_stream_destroyed) stream_destroyed = nullptr;
   decltype(&vramswap_empty_cache) empty_cache = nullptr;
   decltype(&vramswap_enable_peer_access) enable_peer_access = nullptr;
+  decltype(&vramswap_capture_begin) capture_begin = nullptr;
+  decltype(&vramswap_capture_end) capture_end = nullptr;
   decltype(&vramswap_configure) configure = nullptr;
   decltype(&vramswap_last_error) last_error = nullptr;
   decltype(&vramswap_stats_json) stats_json = nullptr;
@@ -73,6 +75,9 @@ struct Api {
   decltype(&cudaMemcpyAsync) memcpy_async = nullptr;
   decltype(&cudaSetDevice) set_device = nullptr;
   decltype(&cudaGetDeviceCount) device_count = nullptr;
+  decltype(&cudaStreamBeginCapture) begin_capture = nullptr;
+  decltype(&cudaStreamEndCapture) end_capture = nullptr;
+  decltype(&cudaGraphDestroy) graph_destroy = nullptr;
 };
 
 template <typename F>
@@ -97,6 +102,8 @@ const Api& api() {
     find(handle, a.record_stream, "vramswap_record_stream", &missing);
     find(handle, a.stream_destroyed, "vramswap_stream_destroyed", &missing);
     find(handle, a.enable_peer_access, "vramswap_enable_peer_access", &missing);
+    find(handle, a.capture_begin, "vramswap_capture_begin", &missing);
+    find(handle, a.capture_end, "vramswap_capture_end", &missing);
     find(handle, a.empty_cache, "vramswap_empty_cache", &missing);
     find(handle, a.configure, "vramswap_configure", &missing);
     find(handle, a.last_error, "vramswap_last_error", &missing);
@@ -122,6 +129,9 @@ const Api& api() {
     find(handle, a.memcpy_async, "cudaMemcpyAsync", &missing);
     find(handle, a.set_device, "cudaSetDevice", &missing);
     find(handle, a.device_count, "cudaGetDeviceCount", &missing);
+    find(handle, a.begin_capture, "cudaStreamBeginCapture", &missing);
+    find(handle, a.end_capture, "cudaStreamEndCapture", &missing);
+    find(handle, a.graph_destroy, "cudaGraphDestroy", &missing);
     if (!missing.empty()) ADD_FAILURE() << "dlsym found no" << missing;
     return a;
   }();
@@ -1123,6 +1133,43 @@ TEST_F(PluginOffload, BytesGivenAndTakenPagesAreCounted) {
   EXPECT_GT(grew("host_vmm_unmapped_bytes"), 0u) << after;
   ASSERT_NO_FATAL_FAILURE(backward(blocks, handles, patterns));
   expect_nothing_tagged_left();
+}
+
+// A capture reported with vramswap_capture_begin (as torch's begin-allocate-to-pool hook
+// does under vramswap.install()): an allocation that would need the device synchronized
+// (the blocks another stream freed) is refused rather than break the global-mode capture on
+// a third stream, and served once vramswap_capture_end says it is over. An end without a
+// begin, and a device out of range, are refused with a message.
+TEST_F(PluginOffload, AReportedCaptureIsNeverBrokenByADeviceSynchronization) {
+  std::vector<void*> cached;
+  for (uint64_t bytes = 0; bytes + kBlock <= limit_; bytes += kBlock) {
+    void* p = a.malloc(kBlock, 0, stream_);
+    ASSERT_NE(p, nullptr) << last_error();
+    cached.push_back(p);
+  }
+  for (void* p : cached) a.free(p, kBlock, 0, stream_);  // all cached for stream_
+  cudaStream_t other = nullptr, capturing = nullptr;
+  ASSERT_EQ(a.stream_create(&other), cudaSuccess);
+  ASSERT_EQ(a.stream_create(&capturing), cudaSuccess);
+  ASSERT_EQ(a.capture_begin(0), 0) << last_error();
+  ASSERT_EQ(a.begin_capture(capturing, cudaStreamCaptureModeGlobal), cudaSuccess);
+  void* p = a.malloc(2 * kBlock, 0, other);
+  EXPECT_EQ(p, nullptr) << "served by synchronizing the device during the capture";
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(a.end_capture(capturing, &graph), cudaSuccess) << "the capture was broken";
+  EXPECT_NE(graph, nullptr);
+  if (graph != nullptr) a.graph_destroy(graph);
+  if (p != nullptr) a.free(p, 2 * kBlock, 0, other);
+  ASSERT_EQ(a.capture_end(0), 0) << last_error();
+  p = a.malloc(2 * kBlock, 0, other);
+  EXPECT_NE(p, nullptr) << last_error();
+  if (p != nullptr) a.free(p, 2 * kBlock, 0, other);
+  EXPECT_EQ(a.capture_end(0), -1);
+  EXPECT_NE(std::string(a.last_error()).find("no capture had begun"), std::string::npos) << last_error();
+  EXPECT_EQ(a.capture_begin(-1), -1);
+  EXPECT_NE(std::string(a.last_error()).find("expected devices 0 to 63"), std::string::npos) << last_error();
+  ASSERT_EQ(a.stream_destroy(other), cudaSuccess);
+  ASSERT_EQ(a.stream_destroy(capturing), cudaSuccess);
 }
 
 // Several devices (issue 15): each has its own pool, limit and engine. Registered with

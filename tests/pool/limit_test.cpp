@@ -491,6 +491,40 @@ TEST_F(LimitStreamsReported, AStreamIsNotDestroyedWhileAnAllocationSynchronizesI
   if (p != nullptr) deallocate(p);
 }
 
+// Without stream reports the pool retires other streams' blocks by synchronizing the
+// device, which would invalidate a capture on any stream of it. The program says when
+// captures are underway (PoolOptions::captures: torch's begin/end-allocate-to-pool hooks,
+// vramswap_capture_begin/end): the device is not synchronized meanwhile, and an allocation
+// that needed it is refused instead; once the capture has ended it is served.
+class LimitCapturesReported : public Limit {
+ protected:
+  const std::atomic<int>* captures() const override { return &captures_; }
+  std::atomic<int> captures_{0};
+};
+
+TEST_F(LimitCapturesReported, NoDeviceSynchronizationWhileACaptureIsUnderway) {
+  const size_t g = granularity();
+  ASSERT_NO_FATAL_FAILURE(fill_then_free_two());  // blocks 0 and 2 cached for stream_
+  Stream other, capturing;
+  ASSERT_CUDA_OK(other.status());
+  ASSERT_CUDA_OK(capturing.status());
+  captures_ = 1;
+  ASSERT_CUDA_OK(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal));
+  std::string error;
+  void* p = pool().allocate(2 * g, other, &error);  // would need stream_'s blocks
+  EXPECT_EQ(nullptr, p) << "served by synchronizing the device during a capture";
+  cudaGraph_t graph = nullptr;
+  EXPECT_CUDA_OK(cudaStreamEndCapture(capturing, &graph)) << "the capture was broken";
+  EXPECT_NE(nullptr, graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (p != nullptr) deallocate(p, other);
+  captures_ = 0;
+  p = pool().allocate(2 * g, other, &error);
+  EXPECT_NE(nullptr, p) << error;
+  if (p != nullptr) deallocate(p, other);
+  free_the_rest();
+}
+
 TEST_F(Limit, AFailedRequestLeavesTheCacheUsable) {
   void* a = allocate(4 * kMiB);
   ASSERT_NE(nullptr, a);

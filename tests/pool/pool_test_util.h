@@ -16,6 +16,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -287,7 +288,7 @@ class PoolTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_CUDA_OK(cudaSetDevice(0));
     ASSERT_CUDA_OK(stream_.status());
-    ASSERT_NO_THROW(pool_ = std::make_unique<DevicePool>(PoolOptions{0, limit(), streams_reported()}));
+    ASSERT_NO_THROW(pool_ = std::make_unique<DevicePool>(PoolOptions{0, limit(), streams_reported(), 0, captures()}));
   }
   void TearDown() override {
     cudaDeviceSynchronize();
@@ -295,6 +296,7 @@ class PoolTest : public ::testing::Test {
   }
   virtual uint64_t limit() const { return 0; }
   virtual bool streams_reported() const { return false; }
+  virtual const std::atomic<int>* captures() const { return nullptr; }
 
   // Allocates on `stream` (default: the case's stream); a failure is recorded with the
   // pool's report and nullptr returned.

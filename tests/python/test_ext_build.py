@@ -7,10 +7,13 @@
     a message that says so (Note [One C++ runtime]);
   - the C++ standard follows torch's version: C++17 up to 2.11, C++20 from 2.12;
   - csrc/cpu_sim.cpp's torch >= 2.3 branch compiles against torch 2.3+'s c10::Allocator
-    (tests/python/torch_2_3_api), and its older branch does not.
+    (tests/python/torch_2_3_api), and its older branch does not;
+  - csrc/cuda_alloc.cpp compiles against torch 2.x's pluggable allocator as declared there,
+    setting the graph-pool hooks from torch 2.3 and naming none before.
 Usage: python3 tests/python/test_ext_build.py   (exit status 0: every check held)
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -94,6 +97,20 @@ for minor, compiles in ((3, True), (11, True), (2, False)):
     check((res.returncode == 0) == compiles,
           f"csrc/cpu_sim.cpp declared as torch 2.{minor} {'compiles' if compiles else 'is refused'} against "
           f"torch 2.3+'s c10::Allocator" + ("" if (res.returncode == 0) == compiles else f": {res.stderr[-600:]}"))
+
+# csrc/cuda_alloc.cpp (vramswap.install()'s extension) against torch 2.x's pluggable allocator,
+# declared there too: from torch 2.3 it sets the graph-pool hooks (captures reported to
+# vramswap), before 2.3 it must not name them (the declaration as 2.2 lacks them).
+cuda_source = REPO / "plugin" / "python" / "vramswap" / "csrc" / "cuda_alloc.cpp"
+nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+cuda_include = Path(os.environ.get("CUDA_HOME", Path(nvcc).resolve().parent.parent)) / "include"
+for minor in (3, 11, 2):
+    res = subprocess.run([os.environ.get("CXX", "g++"), "-std=c++17", "-fsyntax-only", f"-I{api}",
+                          f"-I{cuda_include}", f"-DFAKE_TORCH_MINOR={minor}", str(cuda_source)],
+                         capture_output=True, text=True)
+    check(res.returncode == 0, f"csrc/cuda_alloc.cpp declared as torch 2.{minor} compiles against its "
+          f"pluggable allocator{' (graph-pool hooks set)' if minor >= 3 else ' (no graph-pool hooks)'}"
+          + ("" if res.returncode == 0 else f": {res.stderr[-600:]}"))
 
 for version, flag in (("1.13.1", "-std=c++17"), ("2.3.0", "-std=c++17"), ("2.11.0+cu130", "-std=c++17"),
                       ("2.12.0", "-std=c++20"), ("2.14.1+cu130", "-std=c++20"), ("3.0.0", "-std=c++20")):

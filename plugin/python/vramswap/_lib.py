@@ -62,6 +62,8 @@ def _declare(lib):
         "vramswap_record_stream": (None, [vp, vp]),
         "vramswap_empty_cache": (None, []),
         "vramswap_enable_peer_access": (i, [i, i]),
+        "vramswap_capture_begin": (i, [i]),
+        "vramswap_capture_end": (i, [i]),
         "vramswap_configure": (i, [cp, cp]),
         "vramswap_last_error": (cp, []),
         "vramswap_stats_json": (sz, [ctypes.c_char_p, sz]),

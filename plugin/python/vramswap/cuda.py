@@ -110,7 +110,8 @@ def _install_extension(ops, lib):
     torch refusing the swap or an unsupported torch, not a missing extension."""
     ops.install_cuda_allocator(_addr(lib.vramswap_malloc), _addr(lib.vramswap_free),
                                _addr(lib.vramswap_record_stream), _addr(lib.vramswap_empty_cache),
-                               _addr(lib.vramswap_last_error))
+                               _addr(lib.vramswap_last_error), _addr(lib.vramswap_capture_begin),
+                               _addr(lib.vramswap_capture_end))
 
 
 def _install_ctypes(torch, lib):

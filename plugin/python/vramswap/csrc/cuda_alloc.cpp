@@ -11,9 +11,11 @@
 // It is loaded with torch.ops.load_library and registers, in the `vramswap_cuda` namespace
 // (not `vramswap`: csrc/cpu_sim.cpp owns that one, and both may be loaded):
 //   install_cuda_allocator(int malloc_fn, int free_fn, int record_stream_fn,
-//                          int empty_cache_fn, int last_error_fn) -> ()
+//                          int empty_cache_fn, int last_error_fn, int capture_begin_fn,
+//                          int capture_end_fn) -> ()
 //       the addresses of vramswap_malloc, vramswap_free, vramswap_record_stream,
-//       vramswap_empty_cache and vramswap_last_error, resolved by the Python side with
+//       vramswap_empty_cache, vramswap_last_error, vramswap_capture_begin and
+//       vramswap_capture_end, resolved by the Python side with
 //       ctypes, so this library has no link-time dependency on libvramswap.so (and cannot
 //       pick up a second copy of it). Creates the allocator, sets its hooks and makes it
 //       torch's CUDA allocator; refused (c10::Error) when torch's allocator is initialized.
@@ -42,6 +44,14 @@
 //     exception thrown by alloc_fn leaves no record and reaches the caller.
 //   - the DataPtr's deleter looks the pointer up and calls free_fn(ptr, size, device,
 //     stream) with the values recorded at allocation.
+//   - from torch 2.3: set_begin_allocate_to_pool(std::function<void(int device,
+//     c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)> filter)>) and
+//     set_end_allocate_to_pool_fn(std::function<void(int device, c10::cuda::MempoolId_t)>):
+//     beginAllocateToPool / endAllocateToPool call them, which a CUDA graph's capture_begin
+//     and capture_end call for the capture's device. vramswap counts them as captures
+//     underway (vramswap_capture_begin/end): its pool then never synchronizes the device,
+//     which would invalidate the capture. (The private pool itself is not served: blocks a
+//     captured graph frees go back to vramswap's pool; README, Limits.)
 //   - emptyCache() calls reset_fn if set; recordStream(DataPtr, CUDAStream) calls
 //     record_stream_fn(ptr.get(), stream) if set; init(device_count) calls init_fn if set.
 //     torch's lazy CUDA init (CUDAHooks init) calls c10::cuda::CUDACachingAllocator::init(
@@ -63,11 +73,13 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <cuda_runtime_api.h>
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 
@@ -78,6 +90,7 @@ using FreeFn = void (*)(void*, size_t, int, cudaStream_t);
 using RecordStreamFn = void (*)(void*, cudaStream_t);
 using EmptyCacheFn = void (*)();
 using LastErrorFn = const char* (*)();
+using CaptureFn = int (*)(int);
 
 // libvramswap.so's functions. Written once by install_cuda_allocator before the allocator
 // becomes current (the store to g_installed publishes them); read-only afterwards.
@@ -87,6 +100,8 @@ struct Functions {
   RecordStreamFn record_stream = nullptr;
   EmptyCacheFn empty_cache = nullptr;
   LastErrorFn last_error = nullptr;
+  CaptureFn capture_begin = nullptr;
+  CaptureFn capture_end = nullptr;
 };
 Functions g_fns;
 std::atomic<bool> g_installed{false};
@@ -115,10 +130,11 @@ void vramswap_dealloc(void* ptr, size_t size, int device, cudaStream_t stream) {
 }
 
 void install_cuda_allocator(int64_t malloc_fn, int64_t free_fn, int64_t record_stream_fn,
-                            int64_t empty_cache_fn, int64_t last_error_fn) {
+                            int64_t empty_cache_fn, int64_t last_error_fn, int64_t capture_begin_fn,
+                            int64_t capture_end_fn) {
   namespace pluggable = torch::cuda::CUDAPluggableAllocator;
   TORCH_CHECK(malloc_fn != 0 && free_fn != 0 && record_stream_fn != 0 && empty_cache_fn != 0 &&
-                  last_error_fn != 0,
+                  last_error_fn != 0 && capture_begin_fn != 0 && capture_end_fn != 0,
               "install_cuda_allocator: null function address");
   TORCH_CHECK(!g_installed.load(), "install_cuda_allocator: vramswap is already torch's CUDA allocator");
   g_fns.malloc = reinterpret_cast<MallocFn>(malloc_fn);
@@ -126,6 +142,8 @@ void install_cuda_allocator(int64_t malloc_fn, int64_t free_fn, int64_t record_s
   g_fns.record_stream = reinterpret_cast<RecordStreamFn>(record_stream_fn);
   g_fns.empty_cache = reinterpret_cast<EmptyCacheFn>(empty_cache_fn);
   g_fns.last_error = reinterpret_cast<LastErrorFn>(last_error_fn);
+  g_fns.capture_begin = reinterpret_cast<CaptureFn>(capture_begin_fn);
+  g_fns.capture_end = reinterpret_cast<CaptureFn>(capture_end_fn);
 
   std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator =
       pluggable::createCustomAllocator(&vramswap_alloc, &vramswap_dealloc);
@@ -136,6 +154,13 @@ void install_cuda_allocator(int64_t malloc_fn, int64_t free_fn, int64_t record_s
   hooks->set_init_fn([](int device_count) { g_init_devices.store(device_count); });
   hooks->set_reset_fn([] { g_fns.empty_cache(); });
   hooks->set_record_stream_fn([](void* ptr, cudaStream_t stream) { g_fns.record_stream(ptr, stream); });
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  // A capture begins or ends on `device` (a refusal can only be an end vramswap never saw
+  // begin: nothing to undo).
+  hooks->set_begin_allocate_to_pool(
+      [](int device, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>) { g_fns.capture_begin(device); });
+  hooks->set_end_allocate_to_pool_fn([](int device, c10::cuda::MempoolId_t) { g_fns.capture_end(device); });
+#endif
   pluggable::changeCurrentAllocator(allocator);  // throws when torch's allocator is initialized
   g_installed.store(true);
 }
@@ -148,7 +173,7 @@ int64_t cuda_allocator_init_devices() { return g_init_devices.load(); }
 
 TORCH_LIBRARY(vramswap_cuda, m) {
   m.def("install_cuda_allocator(int malloc_fn, int free_fn, int record_stream_fn, int empty_cache_fn, "
-        "int last_error_fn) -> ()",
+        "int last_error_fn, int capture_begin_fn, int capture_end_fn) -> ()",
         &install_cuda_allocator);
   m.def("cuda_allocator_installed() -> bool", &cuda_allocator_installed);
   m.def("cuda_allocator_init_devices() -> int", &cuda_allocator_init_devices);
