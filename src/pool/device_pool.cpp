@@ -336,8 +336,8 @@ class DevicePool::Impl {
   // stream (one known to be alive), synchronizes just that stream and retires just its
   // blocks. Otherwise every tag's: each tagged stream is synchronized when the program
   // reports the streams it destroys (streams_reported_: every stream named is alive), else
-  // the device, unless `caller` (the stream asking, if any) is capturing (a device
-  // synchronization would invalidate its capture). Events are not recorded on the freeing
+  // the device, where device_synchronization_allowed(caller) (`caller`: the stream asking,
+  // if any; a device synchronization invalidates captures). Events are not recorded on the freeing
   // streams now: they may have been destroyed since the free. A capturing stream is never
   // synchronized: its blocks keep their tag. False when nothing was retired.
   bool synchronize_and_retire(std::unique_lock<std::mutex>& lock, cudaStream_t only,
