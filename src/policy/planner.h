@@ -34,8 +34,9 @@
 //    the largest victim not yet tried each time. The other plan is kept when it costs less
 //    (its bytes, plus `victim_cost_ns` a victim at the copy rate: a victim's pages are
 //    unmapped and mapped again, a fixed cost that a plan of many small blocks pays many
-//    times) and risks no more: no more of X uncovered, no more bytes whose copies out land
-//    late, no later fetches (summed over the victims, at the copy rate). Each trial costs
+//    times) and risks no more: no more of X uncovered, no later fetches (summed over the
+//    victims, at the copy rate; copies out landing late are not weighed: see Risk in
+//    planner.cpp). Each trial costs
 //    as much as the first plan (bench/policy/planner_bench.cpp).
 //  * Fetches, scheduled by memory: walking the victims in order of use, each one's fetch
 //    starts right after the last point that still needs its bytes out (given the fetches

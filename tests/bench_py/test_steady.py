@@ -15,7 +15,8 @@ What it holds them to:
     where; the engine's planned-eviction counters are there (0 where absent);
   * bench: the default of 2 warm-up steps, --warmup, a snapshot path as a scenario;
   * replay: --warmup, --policy, --until (and their usage errors), bound and first step
-    in the text and in --json.
+    in the text and in --json;
+  * gpt-small-v10k at 75% with a 95% soft limit: the planned step within 1.05x its bound.
 A small generated GPT step for the runner; the snapshots in bench/traces for the command
 line (skipped when VRAMSWAP_TRACES_DIR, or bench/traces, lacks them). Well under a minute
 on 2 cores.
@@ -242,9 +243,28 @@ def test_replay_cli():
               f"rc {p.returncode}, {p.stderr[-300:]!r}")
 
 
+def test_planned_with_a_soft_limit():
+    """gpt-small-v10k at 75% of its peak with a 95% soft limit, two warm-up steps: the planned
+    step within 1.05x its bound, issue 12's bar for every generated scenario. It was 1.096x
+    while the planner refused smaller victims whose copies out it expected to land after the
+    point needing them (Note [Planned eviction] in src/policy/planner.h)."""
+    sc = scenarios.SCENARIOS["gpt-small-v10k"]
+    w = sc.workload()
+    none = runner.run(w, "none", sc.card_bytes, sc.pcie_gbps, record=False, warmup=2)
+    limit = scenarios._granules(0.75 * none["peak_device_bytes"])
+    r = runner.run(w, "vramswap", sc.card_bytes, sc.pcie_gbps, limit_bytes=limit, horizon=4, soft_limit="95%",
+                   record=False, warmup=2)
+    ratio = r["step_time_ns"] / r["bound_ns"] if r.get("bound_ns") else None
+    check("gpt-small-v10k at 75% with a 95% soft limit: the planned step within 1.05x its bound",
+          r["status"] == "ok" and ratio is not None and ratio <= 1.05 and r["num_planned_steps"] >= 2,
+          f"{r['status']}, step {r['step_time_ns']} ns, bound {r.get('bound_ns')} ns, ratio {ratio}, "
+          f"planned steps {r.get('num_planned_steps')}")
+
+
 def main():
     try:
         test_runner()
+        test_planned_with_a_soft_limit()
     except runner.RunError as e:
         check("the runs complete", False, str(e))
     test_bench_cli()
