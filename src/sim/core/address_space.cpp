@@ -1,6 +1,8 @@
 // The address space registry and pointer classification. See address_space.h.
 #include "address_space.h"
 
+#include <algorithm>
+
 namespace cudasim {
 
 AddressSpace& address_space() {
@@ -84,10 +86,7 @@ uintptr_t first_inaccessible(const void* ptr, uint64_t bytes, bool write) {
   if (it != r->mappings.begin()) --it;
   for (; at < end; ++it) {
     if (it == r->mappings.end() || it->first > at || it->first + it->second.size <= at) return at;
-    const CUmemAccess_flags a = it->second.access;
-    const bool ok = write ? a == CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-                          : (a == CU_MEM_ACCESS_FLAGS_PROT_READ || a == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
-    if (!ok) return at;
+    if (!permits(it->second.access, write)) return at;
     at = it->first + it->second.size;
   }
   return 0;
@@ -100,18 +99,17 @@ uintptr_t first_inaccessible_to(int device, const void* ptr, uint64_t bytes, boo
   Region* r = as.find(addr);
   if (!r || r->kind != RegionKind::kReservation) return 0;
   const uint64_t end = addr + bytes;
-  const uint32_t bit = device >= 0 && device < 32 ? 1u << device : 0;
   auto it = r->mappings.upper_bound(addr);
   if (it != r->mappings.begin()) --it;
+  // Unlike first_inaccessible, gaps are passed over: what is unmapped faults on the host.
   for (uintptr_t at = addr; at < end && it != r->mappings.end(); ++it) {
     if (it->first + it->second.size <= at) continue;
     if (it->first >= end) break;
     const Mapping& m = it->second;
-    if (m.device != device && !((write ? m.peer_write : m.peer_read) & bit)) return std::max(at, it->first);
+    if (m.device != device && !permits(access_of(m, device), write)) return std::max(at, it->first);
     at = it->first + m.size;
   }
   return 0;
 }
 
-}  // namespace cudasim#include <algorithm>
-
+}  // namespace cudasim

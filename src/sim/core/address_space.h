@@ -29,8 +29,35 @@ struct Mapping {
   uint64_t physical_id = 0;                       // the CUmemGenericAllocationHandle
   int device = 0;
   CUmemAccess_flags access = CU_MEM_ACCESS_FLAGS_PROT_NONE;  // the owning device's (the host's)
-  uint32_t peer_read = 0, peer_write = 0;  // other devices granted access: bit d for device d
+  uint32_t peer_read = 0, peer_write = 0;  // other devices granted access: device_bit(d)
 };
+
+// Device `d`'s bit in a mask of devices (0 for a device past the 32 a mask holds).
+inline uint32_t device_bit(int d) { return d >= 0 && d < 32 ? 1u << d : 0; }
+
+// The access `device` has to mapping `m` (cuMemGetAccess's answer), and setting it
+// (cuMemSetAccess): the owning device's is the host's view, the others' are kept per device.
+inline CUmemAccess_flags access_of(const Mapping& m, int device) {
+  if (device == m.device) return m.access;
+  const uint32_t bit = device_bit(device);
+  return (m.peer_write & bit)  ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+         : (m.peer_read & bit) ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                               : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+}
+inline void set_access_of(Mapping& m, int device, CUmemAccess_flags flags) {
+  if (device == m.device) {
+    m.access = flags;
+    return;
+  }
+  const uint32_t bit = device_bit(device);
+  m.peer_read = flags != CU_MEM_ACCESS_FLAGS_PROT_NONE ? m.peer_read | bit : m.peer_read & ~bit;
+  m.peer_write = flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? m.peer_write | bit : m.peer_write & ~bit;
+}
+
+// Whether `flags` allow a read, or with `write` a write.
+inline bool permits(CUmemAccess_flags flags, bool write) {
+  return flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE || (!write && flags == CU_MEM_ACCESS_FLAGS_PROT_READ);
+}
 
 struct Region {
   uintptr_t base = 0;

@@ -54,7 +54,7 @@ struct CUctx_st {
   cudasim::Device* device;
   std::atomic<int> refcount{0};
   std::atomic<unsigned> flags{0};
-  std::atomic<uint32_t> peers{0};  // cuCtxEnablePeerAccess: bit d for device d's context
+  std::atomic<uint32_t> peers{0};  // cuCtxEnablePeerAccess: device_bit(d) for device d's context
 };
 
 namespace cudasim {

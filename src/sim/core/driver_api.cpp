@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "address_space.h"
 #include "api.h"
 #include "cudasim.h"
 #include "virtual_time.h"
@@ -309,7 +310,7 @@ CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
   CUcontext mine = current_device()->primary_context();
   if (!peer || !peer->device) return call.ret(CUDA_ERROR_INVALID_CONTEXT);
   if (peer->device == mine->device) return call.ret(CUDA_ERROR_INVALID_DEVICE);
-  const uint32_t bit = 1u << (peer->device->ordinal() & 31);
+  const uint32_t bit = device_bit(peer->device->ordinal());
   if (mine->peers.fetch_or(bit) & bit) return call.ret(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
   return call.ret(CUDA_SUCCESS);
 }
@@ -319,7 +320,7 @@ CUresult cuCtxDisablePeerAccess(CUcontext peer) {
   if (!call.ok()) return call.status();
   CUcontext mine = current_device()->primary_context();
   if (!peer || !peer->device) return call.ret(CUDA_ERROR_INVALID_CONTEXT);
-  const uint32_t bit = 1u << (peer->device->ordinal() & 31);
+  const uint32_t bit = device_bit(peer->device->ordinal());
   if (!(mine->peers.fetch_and(~bit) & bit)) return call.ret(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
   return call.ret(CUDA_SUCCESS);
 }

@@ -329,18 +329,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
   // memsets queued on their streams (first_inaccessible_to).
   for (auto& t : tiles) {
     Mapping& m = t->second;
-    for (size_t i = 0; i < count; ++i) {
-      const int id = desc[i].location.id;
-      if (id == m.device) {
-        m.access = desc[i].flags;
-        continue;
-      }
-      const uint32_t bit = id < 32 ? 1u << id : 0;
-      m.peer_read &= ~bit;
-      m.peer_write &= ~bit;
-      if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) m.peer_read |= bit;
-      if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) m.peer_write |= bit;
-    }
+    for (size_t i = 0; i < count; ++i) set_access_of(m, desc[i].location.id, desc[i].flags);
     ::mprotect(reinterpret_cast<void*>(t->first), m.size, prot_of(m.access));
   }
   charge_host(settings().host_costs.mem_set_access_ns * tiles.size());
@@ -359,12 +348,7 @@ CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location
   if (it == r->mappings.begin() || std::prev(it)->first + std::prev(it)->second.size <= ptr)
     return call.ret(CUDA_ERROR_INVALID_VALUE);
   --it;
-  const Mapping& m = it->second;
-  const uint32_t bit = location->id >= 0 && location->id < 32 ? 1u << location->id : 0;
-  *flags = location->id == m.device ? m.access
-           : (m.peer_write & bit)   ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-           : (m.peer_read & bit)    ? CU_MEM_ACCESS_FLAGS_PROT_READ
-                                    : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  *flags = access_of(it->second, location->id);
   return call.ret(CUDA_SUCCESS);
 }
 
