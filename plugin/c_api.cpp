@@ -58,6 +58,19 @@ int reported(const vramswap::residency::Status& status) {
   return -1;
 }
 
+// An Allocator call that reports a refusal as `false` with *error set: 0, or -1 with the
+// error as the last error (the last error cleared first; an exception is guarded()'s).
+template <typename Call>
+int refusal_reported(const char* function, Call&& call) noexcept {
+  vramswap::clear_last_error();
+  return guarded<int>(function, -1, [&] {
+    std::string error;
+    if (call(&error)) return 0;
+    vramswap::set_last_error(error);
+    return -1;
+  });
+}
+
 Allocator& used_allocator() {
   Allocator& a = Allocator::instance();
   a.mark_used();
@@ -155,33 +168,16 @@ void vramswap_stream_destroyed(struct CUstream_st* stream) noexcept {
 }
 
 int vramswap_capture_begin(int device) noexcept {
-  vramswap::clear_last_error();
-  return guarded<int>(__func__, -1, [&] {
-    std::string error;
-    if (used_allocator().capture_began(device, &error)) return 0;
-    vramswap::set_last_error(error);
-    return -1;
-  });
+  return refusal_reported(__func__, [&](std::string* error) { return used_allocator().capture_began(device, error); });
 }
 
 int vramswap_capture_end(int device) noexcept {
-  vramswap::clear_last_error();
-  return guarded<int>(__func__, -1, [&] {
-    std::string error;
-    if (used_allocator().capture_ended(device, &error)) return 0;
-    vramswap::set_last_error(error);
-    return -1;
-  });
+  return refusal_reported(__func__, [&](std::string* error) { return used_allocator().capture_ended(device, error); });
 }
 
 int vramswap_enable_peer_access(int device, int peer) noexcept {
-  vramswap::clear_last_error();
-  return guarded<int>(__func__, -1, [&] {
-    std::string error;
-    if (used_allocator().enable_peer_access(device, peer, &error)) return 0;
-    vramswap::set_last_error(error);
-    return -1;
-  });
+  return refusal_reported(__func__,
+                          [&](std::string* error) { return used_allocator().enable_peer_access(device, peer, error); });
 }
 
 void vramswap_empty_cache(void) noexcept {

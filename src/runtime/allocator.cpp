@@ -372,22 +372,29 @@ bool Allocator::record_stream(void* ptr, cudaStream_t stream, std::string* error
   return r.ok;
 }
 
-bool Allocator::capture_began(int device, std::string* error) {
-  if (device < 0 || device >= kMaxDevices) {
-    *error = "capture begins on device " + std::to_string(device) + ": expected devices 0 to " +
-             std::to_string(kMaxDevices - 1);
-    return false;
+namespace {
+
+// False with *error set ("<what>: expected devices 0 to N") for a device past kMaxDevices.
+bool devices_in_range(std::initializer_list<int> devices, const std::string& what, std::string* error) {
+  for (int d : devices) {
+    if (d < 0 || d >= Allocator::kMaxDevices) {
+      *error = what + ": expected devices 0 to " + std::to_string(Allocator::kMaxDevices - 1);
+      return false;
+    }
   }
+  return true;
+}
+
+}  // namespace
+
+bool Allocator::capture_began(int device, std::string* error) {
+  if (!devices_in_range({device}, "capture begins on device " + std::to_string(device), error)) return false;
   captures_[device].fetch_add(1, std::memory_order_acq_rel);
   return true;
 }
 
 bool Allocator::capture_ended(int device, std::string* error) {
-  if (device < 0 || device >= kMaxDevices) {
-    *error = "capture ends on device " + std::to_string(device) + ": expected devices 0 to " +
-             std::to_string(kMaxDevices - 1);
-    return false;
-  }
+  if (!devices_in_range({device}, "capture ends on device " + std::to_string(device), error)) return false;
   int n = captures_[device].load(std::memory_order_acquire);
   while (n > 0 && !captures_[device].compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) {
   }
@@ -397,11 +404,10 @@ bool Allocator::capture_ended(int device, std::string* error) {
 }
 
 bool Allocator::enable_peer_access(int device, int peer, std::string* error) {
-  if (device < 0 || device >= kMaxDevices || peer < 0 || peer >= kMaxDevices) {
-    *error = "peer access from device " + std::to_string(device) + " to device " + std::to_string(peer) +
-             ": expected devices 0 to " + std::to_string(kMaxDevices - 1);
+  if (!devices_in_range({device, peer},
+                        "peer access from device " + std::to_string(device) + " to device " + std::to_string(peer),
+                        error))
     return false;
-  }
   if (device == peer) return true;
   pool::DevicePool* p = nullptr;
   {

@@ -1,9 +1,27 @@
 // Runtime API: devices, versions, properties, device-wide synchronization.
 #include <cstring>
+#include <functional>
 
 #include "runtime_state.h"
 
 using namespace cudart;
+
+namespace {
+
+// cuCtxEnablePeerAccess or cuCtxDisablePeerAccess from the current device's primary context
+// to `peer`'s, as the runtime's peer-access calls do.
+cudaError_t with_peer_context(Api& api, int peer, const std::function<CUresult(CUcontext)>& call) {
+  int count = 0;
+  cuDeviceGetCount(&count);
+  if (peer < 0 || peer >= count) return api.ret(cudaErrorInvalidDevice);
+  CUcontext ctx = nullptr;
+  if (CUresult r = cuDevicePrimaryCtxRetain(&ctx, peer)) return api.ret(r);
+  const CUresult r = call(ctx);
+  cuDevicePrimaryCtxRelease_v2(peer);
+  return api.ret(r);
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -166,31 +184,16 @@ cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
   return api.ret(cuDeviceCanAccessPeer(can, device, peer));
 }
 
-// Between the current device's primary context and the peer's.
 cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   Api api(__func__);
   if (!api.ok()) return api.status();
-  int count = 0;
-  cuDeviceGetCount(&count);
-  if (peer < 0 || peer >= count) return api.ret(cudaErrorInvalidDevice);
-  CUcontext ctx = nullptr;
-  if (CUresult r = cuDevicePrimaryCtxRetain(&ctx, peer)) return api.ret(r);
-  const CUresult r = cuCtxEnablePeerAccess(ctx, flags);
-  cuDevicePrimaryCtxRelease_v2(peer);
-  return api.ret(r);
+  return with_peer_context(api, peer, [flags](CUcontext ctx) { return cuCtxEnablePeerAccess(ctx, flags); });
 }
 
 cudaError_t cudaDeviceDisablePeerAccess(int peer) {
   Api api(__func__);
   if (!api.ok()) return api.status();
-  int count = 0;
-  cuDeviceGetCount(&count);
-  if (peer < 0 || peer >= count) return api.ret(cudaErrorInvalidDevice);
-  CUcontext ctx = nullptr;
-  if (CUresult r = cuDevicePrimaryCtxRetain(&ctx, peer)) return api.ret(r);
-  const CUresult r = cuCtxDisablePeerAccess(ctx);
-  cuDevicePrimaryCtxRelease_v2(peer);
-  return api.ret(r);
+  return with_peer_context(api, peer, [](CUcontext ctx) { return cuCtxDisablePeerAccess(ctx); });
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
