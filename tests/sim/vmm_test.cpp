@@ -52,12 +52,29 @@ class Vmm : public ::testing::Test {
     EXPECT_CU_OK(cuMemCreate(&handle, size, &prop_, 0));
     return handle;
   }
-  CUresult set_access(CUdeviceptr va, size_t size, CUmemAccess_flags flags) {
+  static CUmemLocation on_device(int device) {
+    CUmemLocation location{};
+    location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    location.id = device;
+    return location;
+  }
+  // Grants `device` (the fixture's by default) `flags` on the range.
+  CUresult set_access(CUdeviceptr va, size_t size, CUmemAccess_flags flags, int device = -1) {
     CUmemAccessDesc desc{};
-    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = dev_;
+    desc.location = on_device(device < 0 ? dev_ : device);
     desc.flags = flags;
     return cuMemSetAccess(va, size, &desc, 1);
+  }
+  // cuMemGetAccess's answer for `device` at `va` (a failure is recorded, and 99 returned).
+  unsigned long long access_of(CUdeviceptr va, int device) {
+    const CUmemLocation location = on_device(device);
+    unsigned long long flags = 99;
+    EXPECT_CU_OK(cuMemGetAccess(&flags, &location, va));
+    return flags;
+  }
+  static bool two_devices() {
+    int count = 0;
+    return cuDeviceGetCount(&count) == CUDA_SUCCESS && count >= 2;
   }
   // Reserves, creates, maps and grants read-write access to `size` bytes.
   CUdeviceptr map_rw(size_t size, CUmemGenericAllocationHandle* handle) {
@@ -333,17 +350,10 @@ TEST_F(Vmm, GetAccessReportsWhatSetAccessGranted) {
   const size_t size = gran_;
   CUmemGenericAllocationHandle handle = 0;
   const CUdeviceptr va = map_rw(size, &handle);
-  CUmemLocation location{};
-  location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  location.id = dev_;
-  unsigned long long flags = 0;
-  ASSERT_CU_OK(cuMemGetAccess(&flags, &location, va));
-  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READWRITE), flags);
-  ASSERT_CU_OK(cuMemGetAccess(&flags, &location, va + size - 1));
-  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READWRITE), flags);
+  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READWRITE), access_of(va, dev_));
+  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READWRITE), access_of(va + size - 1, dev_));
   ASSERT_CU_OK(set_access(va, size, CU_MEM_ACCESS_FLAGS_PROT_READ));
-  ASSERT_CU_OK(cuMemGetAccess(&flags, &location, va));
-  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READ), flags);
+  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READ), access_of(va, dev_));
   unmap_all(va, size, handle);
 }
 
@@ -364,46 +374,26 @@ TEST_F(Vmm, ReadOnlyRangeCanBeRead) {
 // specified in desc for the given virtual address range." A grant to the owning device says
 // nothing of another device's access.
 TEST_F(Vmm, AccessIsGrantedPerDevice) {
-  int count = 0;
-  ASSERT_CU_OK(cuDeviceGetCount(&count));
-  if (count < 2) GTEST_SKIP() << "needs CUDASIM_DEVICE_COUNT >= 2";
+  if (!two_devices()) GTEST_SKIP() << "needs CUDASIM_DEVICE_COUNT >= 2";
   const size_t size = gran_;
   CUmemGenericAllocationHandle handle = 0;
   const CUdeviceptr va = map_rw(size, &handle);
-  CUmemLocation other{};
-  other.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  other.id = 1;
-  unsigned long long flags = 99;
-  ASSERT_CU_OK(cuMemGetAccess(&flags, &other, va));
-  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_NONE), flags);
-  CUmemAccessDesc desc{};
-  desc.location = other;
-  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
-  ASSERT_CU_OK(cuMemSetAccess(va, size, &desc, 1));
-  ASSERT_CU_OK(cuMemGetAccess(&flags, &other, va));
-  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READ), flags);
-  CUmemLocation own{};
-  own.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  own.id = dev_;
-  ASSERT_CU_OK(cuMemGetAccess(&flags, &own, va));
-  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READWRITE), flags) << "the owner's grant stays";
+  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_NONE), access_of(va, 1));
+  ASSERT_CU_OK(set_access(va, size, CU_MEM_ACCESS_FLAGS_PROT_READ, 1));
+  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READ), access_of(va, 1));
+  EXPECT_EQ(static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_READWRITE), access_of(va, dev_))
+      << "the owner's grant stays";
   unmap_all(va, size, handle);
 }
 
 // Device 1's stream copies from device 0's mapping once device 1 has been granted access.
 TEST_F(Vmm, AnotherDeviceWithAGrantCopiesFromTheMapping) {
-  int count = 0;
-  ASSERT_CU_OK(cuDeviceGetCount(&count));
-  if (count < 2) GTEST_SKIP() << "needs CUDASIM_DEVICE_COUNT >= 2";
+  if (!two_devices()) GTEST_SKIP() << "needs CUDASIM_DEVICE_COUNT >= 2";
   const size_t size = gran_;
   CUmemGenericAllocationHandle handle = 0;
   const CUdeviceptr va = map_rw(size, &handle);
   std::memset(host_ptr(va), 0x6d, size);
-  CUmemAccessDesc desc{};
-  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  desc.location.id = 1;
-  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
-  ASSERT_CU_OK(cuMemSetAccess(va, size, &desc, 1));
+  ASSERT_CU_OK(set_access(va, size, CU_MEM_ACCESS_FLAGS_PROT_READ, 1));
   CUcontext ctx1 = nullptr;
   ASSERT_CU_OK(cuDevicePrimaryCtxRetain(&ctx1, 1));
   ASSERT_CU_OK(cuCtxSetCurrent(ctx1));
@@ -490,9 +480,7 @@ TEST_F(VmmDeathTest, RemappedRangeStartsWithoutAccess) {
 // Without a grant, a copy on another device's stream touching the mapping faults (an illegal
 // address on a GPU): the process stops and says which device lacked access.
 TEST_F(VmmDeathTest, AnotherDeviceWithoutAGrantFaults) {
-  int count = 0;
-  ASSERT_CU_OK(cuDeviceGetCount(&count));
-  if (count < 2) GTEST_SKIP() << "needs CUDASIM_DEVICE_COUNT >= 2";
+  if (!two_devices()) GTEST_SKIP() << "needs CUDASIM_DEVICE_COUNT >= 2";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   CUmemGenericAllocationHandle handle = 0;
   const CUdeviceptr va = map_rw(gran_, &handle);
