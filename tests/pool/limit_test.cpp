@@ -57,6 +57,14 @@ class Limit : public PoolTest {
   void* blocks_[4] = {};
 };
 
+// Ends the capture on `stream`, expecting it intact: cudaSuccess and a graph (destroyed).
+void expect_capture_intact(cudaStream_t stream) {
+  cudaGraph_t graph = nullptr;
+  EXPECT_CUDA_OK(cudaStreamEndCapture(stream, &graph)) << "the capture was broken";
+  EXPECT_NE(nullptr, graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+}
+
 TEST_F(Limit, BeyondTheLimitFailsWithAReportAndChangesNothingElse) {
   SKIP_UNLESS_CUDASIM();
   void* big = allocate(6 * kMiB);
@@ -384,9 +392,7 @@ TEST_F(Limit, OwnCachedBlocksAreNotRetiredBySynchronizingACapturingStream) {
   ASSERT_CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
   std::string error;
   void* p = pool().allocate(2 * g, stream_, &error);
-  cudaGraph_t graph = nullptr;
-  EXPECT_CUDA_OK(cudaStreamEndCapture(stream_, &graph)) << "the capture was broken";
-  if (graph != nullptr) cudaGraphDestroy(graph);
+  expect_capture_intact(stream_);
   if (p != nullptr) deallocate(p);
   free_the_rest();
 }
@@ -416,10 +422,7 @@ TEST_F(LimitStreamsReported, AnAllocationInAGlobalCaptureRetiresOtherStreamsBloc
   if (p != nullptr) {
     EXPECT_CUDA_OK(cudaMemsetAsync(p, 1, 2 * g, capturing));
   }
-  cudaGraph_t graph = nullptr;
-  EXPECT_CUDA_OK(cudaStreamEndCapture(capturing, &graph)) << "the capture was broken";
-  EXPECT_NE(nullptr, graph);
-  if (graph != nullptr) cudaGraphDestroy(graph);
+  expect_capture_intact(capturing);
   if (p != nullptr) {
     EXPECT_TRUE(pool().deallocate(p, capturing).ok);
   }
@@ -447,10 +450,7 @@ TEST_F(LimitStreamsReported, EventsAndStreamsAskedAtTheLimitLeaveAGlobalCaptureV
   std::string error;
   void* p = pool().allocate(2 * g, stream_, &error);
   EXPECT_NE(nullptr, p) << error;
-  cudaGraph_t graph = nullptr;
-  EXPECT_CUDA_OK(cudaStreamEndCapture(capturing, &graph)) << "the capture was broken";
-  EXPECT_NE(nullptr, graph);
-  if (graph != nullptr) cudaGraphDestroy(graph);
+  expect_capture_intact(capturing);
   if (p != nullptr) deallocate(p);
   free_the_rest();
 }
@@ -513,10 +513,7 @@ TEST_F(LimitCapturesReported, NoDeviceSynchronizationWhileACaptureIsUnderway) {
   std::string error;
   void* p = pool().allocate(2 * g, other, &error);  // would need stream_'s blocks
   EXPECT_EQ(nullptr, p) << "served by synchronizing the device during a capture";
-  cudaGraph_t graph = nullptr;
-  EXPECT_CUDA_OK(cudaStreamEndCapture(capturing, &graph)) << "the capture was broken";
-  EXPECT_NE(nullptr, graph);
-  if (graph != nullptr) cudaGraphDestroy(graph);
+  expect_capture_intact(capturing);
   if (p != nullptr) deallocate(p, other);
   captures_ = 0;
   p = pool().allocate(2 * g, other, &error);
