@@ -56,10 +56,6 @@ RelaxedCaptureScope::~RelaxedCaptureScope() {
   if (exchanged_) cudaThreadExchangeStreamCaptureMode(&mode_);
 }
 
-namespace {
-
-// Neither capturing a CUDA graph (a synchronization or a query would break the capture)
-// nor unknown: the stream may be waited on or asked.
 bool outside_capture(cudaStream_t stream) {
   try {
     return !is_capturing(stream);
@@ -67,8 +63,6 @@ bool outside_capture(cudaStream_t stream) {
     return false;
   }
 }
-
-}  // namespace
 
 bool synchronize_stream(cudaStream_t stream) {
   if (!outside_capture(stream)) return false;

@@ -39,6 +39,11 @@ void wait_event(cudaStream_t stream, const Event& event);
 // True when `stream` is being captured into a CUDA graph. Throws CudaError.
 bool is_capturing(cudaStream_t stream);
 
+// True when `stream` is neither capturing a CUDA graph (a synchronization or a query would
+// break the capture) nor unknown (the capture query failed): it may be waited on or asked.
+// Never throws.
+bool outside_capture(cudaStream_t stream);
+
 // Waits until the work queued on `stream` has completed. False (nothing waited for) when
 // the stream is capturing a CUDA graph or the call fails.
 bool synchronize_stream(cudaStream_t stream);

@@ -969,12 +969,7 @@ void DevicePool::Impl::poll_pending(bool promote) {
 
 bool DevicePool::Impl::device_synchronization_allowed(cudaStream_t caller) const {
   if (captures_ && captures_->load(std::memory_order_acquire) > 0) return false;
-  if (caller == kAnyStream) return true;
-  try {
-    return !cuda::is_capturing(caller);
-  } catch (const cuda::CudaError&) {
-    return false;
-  }
+  return caller == kAnyStream || cuda::outside_capture(caller);
 }
 
 bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock, cudaStream_t only,
