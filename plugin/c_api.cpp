@@ -218,6 +218,27 @@ size_t vramswap_stats_json(char* buf, size_t cap) noexcept {
   });
 }
 
+void vramswap_record_history(size_t max_entries) noexcept {
+  vramswap::clear_last_error();
+  guarded<int>(__func__, 0, [&] {
+    used_allocator().record_history(max_entries);
+    return 0;
+  });
+}
+
+size_t vramswap_snapshot_json(char* buf, size_t cap) noexcept {
+  vramswap::clear_last_error();
+  return guarded<size_t>(__func__, 0, [&] {
+    const std::string json = used_allocator().snapshot_json();
+    if (buf && json.size() < cap) {
+      std::memcpy(buf, json.c_str(), json.size() + 1);
+    } else if (buf && cap > 0) {
+      buf[0] = '\0';
+    }
+    return json.size();
+  });
+}
+
 void vramswap_reset_peak_stats(void) noexcept {
   vramswap::clear_last_error();
   guarded<int>(__func__, 0, [] {

@@ -195,6 +195,21 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * is consistent per device, not across devices. */
 size_t vramswap_stats_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;
 
+/* Memory history, as torch.cuda.memory._record_memory_history(max_entries=...): from now on
+ * every device's pool records its actions (allocations, frees asked for and completed, pages
+ * mapped and unmapped, evictions' and fetches' included, refused allocations), keeping the
+ * last `max_entries` per device; 0 stops recording and drops the events kept. Devices used
+ * later record too. Thread-safe. */
+void vramswap_record_history(size_t max_entries) VRAMSWAP_NOEXCEPT;
+
+/* A memory snapshot as one JSON object in torch's snapshot layout (torch 2.1's
+ * torch.cuda.memory._snapshot(): "segments", the mapped memory with its blocks, and
+ * "device_traces", one list of the recorded events per device), plus "vramswap": the
+ * evicted blocks no mapped page holds. The layout is described in
+ * src/runtime/snapshot_document.h. Returns and writes as vramswap_stats_json does. Costs a
+ * walk over every block under each device's lock. Thread-safe. */
+size_t vramswap_snapshot_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;
+
 /* Resets every device's peaks (peak_allocated_bytes, peak_reserved_bytes,
  * peak_resident_bytes, peak_host_bytes, peak_tagged_waste_bytes) to their current values
  * (torch.cuda.reset_peak_memory_stats). Thread-safe. */

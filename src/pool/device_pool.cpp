@@ -69,6 +69,8 @@ struct Block {
                                        // elsewhere (unmap_block): its granules may be unmapped
   uint64_t serial = 0;                 // free, tagged with a stream: the latest release in it
                                        // (deallocate_to_any's promotion checks it)
+  uint64_t requested = 0;              // live or pending, allocated while the history records:
+                                       // the size asked for (0: not recorded)
 };
 
 struct QuickKey {
@@ -147,6 +149,11 @@ class DevicePool::Impl {
     return high;
   }
   std::string check_invariants() const;
+  void record_history(size_t max_entries) {
+    std::lock_guard lock(mu_);
+    history_.reset(max_entries);
+  }
+  MemoryView memory_view() const;
   Census live_below(uint64_t bytes) const;
   bool shares_granule_with_ordinary(const void* ptr) const {
     std::lock_guard lock(mu_);
@@ -456,6 +463,23 @@ class DevicePool::Impl {
   uint64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   uint64_t allocated_high_ = 0;  // the highest allocated_ since take_allocated_high()
   uint64_t num_allocs_ = 0, num_frees_ = 0, num_cache_hits_ = 0, num_ooms_ = 0;
+  // Note [Memory history] (history.h). cause_: why runs are mapped or unmapped now (an
+  // eviction's unmap_block, a fetch's map_block, or neither).
+  History history_;
+  TraceEvent::Cause cause_ = TraceEvent::Cause::kNone;
+  static uintptr_t stream_id(cudaStream_t s) { return s == kAnyStream ? 0 : reinterpret_cast<uintptr_t>(s); }
+  void* traced_alloc(void* p, size_t size, cudaStream_t stream) {
+    if (p && history_.recording()) {
+      blocks_.at(reinterpret_cast<uintptr_t>(p)).requested = size;
+      history_.add(TraceEvent::Action::kAlloc, reinterpret_cast<uintptr_t>(p), size, stream_id(stream));
+    }
+    return p;
+  }
+  // The size a free of `b` is traced with: the one its alloc was (torch's trace pairs them).
+  static uint64_t traced_size(const Block& b) { return b.requested ? b.requested : b.size; }
+  void trace_oom(size_t size, cudaStream_t stream) {
+    history_.add(TraceEvent::Action::kOom, 0, size, stream_id(stream));
+  }
 };
 
 DevicePool::Impl::Impl(const PoolOptions& options)
@@ -764,6 +788,8 @@ bool DevicePool::Impl::map_range(uintptr_t addr, uint64_t size, std::string* why
       for (uint64_t g = run.first; g < run.first + run.count; ++g) granules_[g].head = run.first;
       mapped_top_ = std::max(mapped_top_, run.first + run.count);
       mapped_now.emplace_back(run.first, recycled);
+      history_.add(TraceEvent::Action::kSegmentMap, va_.base() + run.first * granularity_, run.count * granularity_, 0,
+                   cause_);
       mapped_ += run.count * granularity_;
     } catch (const cuda::CudaError& e) {
       // The device is full: undo this call, so that a refused request leaves the device as
@@ -825,6 +851,7 @@ void DevicePool::Impl::unmap_run(uint64_t head) {
   Granule& h = granules_[head];
   h.mapping.unmap();
   const uint64_t count = h.count;
+  history_.add(TraceEvent::Action::kSegmentUnmap, va_.base() + head * granularity_, count * granularity_, 0, cause_);
   push_spare(std::move(h.pages));
   for (uint64_t g = head; g < head + count; ++g) granules_[g].head = kUnmapped;
   h.count = 0;
@@ -961,7 +988,12 @@ void DevicePool::Impl::poll_pending(bool promote) {
       continue;
     }
     for (auto& e : p.events) events_.release(std::move(e));
-    for (uintptr_t addr : p.addrs) release_block(blocks_.find(addr), p.tag_after);
+    for (uintptr_t addr : p.addrs) {
+      const BlockIt b = blocks_.find(addr);
+      history_.add(TraceEvent::Action::kFreeCompleted, addr, traced_size(b->second), stream_id(p.tag_after));
+      b->second.requested = 0;
+      release_block(b, p.tag_after);
+    }
     pending_[i] = std::move(pending_.back());
     pending_.pop_back();
   }
@@ -1161,17 +1193,18 @@ void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* 
   std::unique_lock lock(mu_);
   if (size > va_.size()) {
     ++num_ooms_;
+    trace_oom(size, stream);
     *error = oom_report(size, size, "the pool's address range");
     return nullptr;
   }
   const uint64_t rounded = round_up(size, kAlignment);
   poll_before_allocating();
   if (quick_blocks_) {
-    if (void* p = take_quick(rounded, stream, false)) return p;
+    if (void* p = take_quick(rounded, stream, false)) return traced_alloc(p, size, stream);
     // A miss: merge the quick lists so that best fit sees every cached block.
     flush_quick();
   }
-  return allocate_slow(size, rounded, stream, false, false, lock, error);
+  return traced_alloc(allocate_slow(size, rounded, stream, false, false, lock, error), size, stream);
 }
 
 void* DevicePool::Impl::allocate_offloadable(size_t size, cudaStream_t stream, std::string* error,
@@ -1182,6 +1215,7 @@ void* DevicePool::Impl::allocate_offloadable(size_t size, cudaStream_t stream, s
   std::unique_lock lock(mu_);
   if (size > va_.size() - granularity_) {
     ++num_ooms_;
+    trace_oom(size, stream);
     *error = oom_report(size, size, "the pool's address range");
     return nullptr;
   }
@@ -1205,7 +1239,7 @@ void* DevicePool::Impl::allocate_offloadable(size_t size, cudaStream_t stream, s
     p = allocate_slow(size, rounded, stream, true, own, lock, error);
   }
   if (p && placed) *placed = rounded;
-  return p;
+  return traced_alloc(p, size, stream);
 }
 
 void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_t stream, bool offloadable,
@@ -1255,6 +1289,7 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
   if (grouping())
     if (void* p = place(false)) return p;
   ++num_ooms_;
+  trace_oom(size, stream);
   *error = oom_report(size, rounded, why);
   return nullptr;
 }
@@ -1278,8 +1313,11 @@ Result DevicePool::Impl::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
     g = head + n - 1;  // the loop goes on after the run
     if (!range_idle(head, n)) continue;  // shared with a block that needs it
     try {
+      cause_ = TraceEvent::Cause::kEvict;
       unmap_run(head);
+      cause_ = TraceEvent::Cause::kNone;
     } catch (const cuda::CudaError& e) {
+      cause_ = TraceEvent::Cause::kNone;
       // That run stays mapped. The block counts as away once any granule went (a later
       // map_block maps what is missing); with none gone nothing changed.
       b->second.away = done > 0;
@@ -1312,7 +1350,16 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait, cudaStream_t stream)
   for (size_t step = 0; step <= steps; ++step) {
     if (step > 0 && !relieve(kSteps[step - 1], size, wait == MapWait::kStream ? stream : kAnyStream, lock)) continue;
     uint64_t lacking = 0;
-    if (map_range(addr, size, &why, &lacking)) {
+    cause_ = TraceEvent::Cause::kFetch;
+    bool done = false;
+    try {
+      done = map_range(addr, size, &why, &lacking);
+    } catch (...) {
+      cause_ = TraceEvent::Cause::kNone;
+      throw;
+    }
+    cause_ = TraceEvent::Cause::kNone;
+    if (done) {
       blocks_.at(addr).away = false;
       --away_blocks_;
       return {};
@@ -1391,6 +1438,9 @@ bool DevicePool::Impl::free_after_device_synchronization(void* ptr, cudaStream_t
   BlockIt b = find_live(ptr, result);  // another thread may have freed it meanwhile
   if (b == blocks_.end() || !synchronized) return false;
   count_free(b);
+  history_.add(TraceEvent::Action::kFreeRequested, b->first, traced_size(b->second), stream_id(stream));
+  history_.add(TraceEvent::Action::kFreeCompleted, b->first, traced_size(b->second), stream_id(stream));
+  b->second.requested = 0;
   release_block(b, kAnyStream);
   return true;
 }
@@ -1421,7 +1471,13 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
   }
   count_free(b);
   Block& block = b->second;
-  if (promote && others.size() == 1 && others.front() == stream) {
+  history_.add(TraceEvent::Action::kFreeRequested, b->first, traced_size(block), stream_id(stream));
+  const bool promotion = promote && others.size() == 1 && others.front() == stream;
+  if (events.empty() || promotion) {  // reusable now by the freeing stream; else once the events complete
+    history_.add(TraceEvent::Action::kFreeCompleted, b->first, traced_size(block), stream_id(stream));
+    block.requested = 0;
+  }
+  if (promotion) {
     // Reusable at once by the freeing stream (its later work is ordered after the free, as
     // for deallocate()), and by any stream once the event recorded now completes.
     const uintptr_t addr = b->first;
@@ -1557,6 +1613,33 @@ DevicePool::Census DevicePool::Impl::live_below(uint64_t bytes) const {
   return c;
 }
 
+DevicePool::MemoryView DevicePool::Impl::memory_view() const {
+  std::lock_guard lock(mu_);
+  MemoryView v;
+  for (uint64_t g = 0; g < mapped_top_; ++g) {
+    if (!mapped(g)) continue;
+    const uintptr_t addr = va_.base() + g * granularity_;
+    if (!v.mapped.empty() && v.mapped.back().first + v.mapped.back().second == addr) v.mapped.back().second += granularity_;
+    else v.mapped.emplace_back(addr, granularity_);
+  }
+  v.blocks.reserve(blocks_.size());
+  for (const auto& [addr, b] : blocks_) {
+    BlockView w;
+    w.addr = addr;
+    w.size = b.size;
+    w.state = b.state == State::kLive                                   ? BlockView::State::kLive
+              : b.state == State::kPending || b.state == State::kRetiring ? BlockView::State::kPendingFree
+                                                                           : BlockView::State::kFree;
+    w.offloadable = b.state == State::kLive && b.offloadable;
+    w.away = b.state == State::kLive && b.away;
+    w.stream = stream_id(b.tag);
+    w.requested = b.state == State::kLive ? traced_size(b) : b.size;
+    v.blocks.push_back(w);
+  }
+  v.trace = history_.events();
+  return v;
+}
+
 std::string DevicePool::Impl::check_invariants() const {
   std::lock_guard lock(mu_);
   std::vector<std::string> broken;
@@ -1681,6 +1764,8 @@ Result DevicePool::grant_peer(int peer) { return impl_->grant_peer(peer); }
 void DevicePool::empty_cache() { impl_->empty_cache(); }
 PoolStats DevicePool::stats() const { return impl_->stats(); }
 DevicePool::Census DevicePool::live_below(uint64_t bytes) const { return impl_->live_below(bytes); }
+void DevicePool::record_history(size_t max_entries) { impl_->record_history(max_entries); }
+DevicePool::MemoryView DevicePool::memory_view() const { return impl_->memory_view(); }
 bool DevicePool::shares_granule_with_ordinary(const void* ptr) const { return impl_->shares_granule_with_ordinary(ptr); }
 void* DevicePool::allocate_offloadable(size_t size, cudaStream_t stream, std::string* error, uint64_t* placed) {
   return impl_->allocate_offloadable(size, stream, error, placed);

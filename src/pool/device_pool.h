@@ -97,6 +97,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "pool/history.h"
 
 namespace vramswap::pool {
 
@@ -316,6 +320,35 @@ class DevicePool {
 
   // Resets the peaks to the current values. Thread-safe.
   void reset_peaks();
+
+  // ---- Memory history and snapshots (Note [Memory history] in history.h) ----
+
+  // From now on records the pool's actions, keeping the last `max_entries` (0: records
+  // none and drops the events kept). Thread-safe.
+  void record_history(size_t max_entries);
+
+  // What the pool holds, as a memory snapshot shows it: the mapped address ranges (runs of
+  // mapped granules, adjacent ones joined), every block in address order (the unused rest
+  // of the range included, as one free block), and the history kept. Walks every block under
+  // the lock. Thread-safe.
+  struct BlockView {
+    enum class State : uint8_t { kLive, kPendingFree, kFree };
+    uintptr_t addr = 0;
+    uint64_t size = 0;
+    State state = State::kFree;
+    bool offloadable = false;  // live: an engine's tagged block
+    bool away = false;         // live: given up (unmap_block): its contents are elsewhere
+    uintptr_t stream = 0;      // live: the allocation stream; free: the stream that may reuse it
+                               // (0: any stream)
+    uint64_t requested = 0;    // live: the size asked for when the history recorded its
+                               // allocation, else `size`
+  };
+  struct MemoryView {
+    std::vector<std::pair<uintptr_t, uint64_t>> mapped;  // (address, bytes), address order
+    std::vector<BlockView> blocks;
+    std::vector<TraceEvent> trace;  // oldest first
+  };
+  MemoryView memory_view() const;
 
   // True when `ptr` lies in this pool's VA reservation. Thread-safe (immutable range).
   bool owns(const void* ptr) const;

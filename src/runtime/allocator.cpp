@@ -14,6 +14,7 @@
 #include "cuda/error.h"
 #include "cuda/host_time.h"
 #include "cuda/stream.h"
+#include "runtime/snapshot_document.h"
 #include "runtime/stats_document.h"
 #include "stats/log.h"
 #include "stats/stats_file.h"
@@ -145,6 +146,7 @@ pool::DevicePool* Allocator::pool_or_create(int device, AllocError* error) {
     // The engine installs itself as the pool's reclaimer; both are leaked together (see the
     // Note), the engine first so that whoever finds the pool finds its engine.
     auto engine = std::make_unique<residency::Engine>(*created, engine_options);
+    if (history_entries_ > 0) created->record_history(history_entries_);
     engines_[device].store(engine.release(), std::memory_order_release);
     pools_[device].store(created.release(), std::memory_order_release);
   } catch (const cuda::CudaError& e) {
@@ -478,6 +480,22 @@ std::string Allocator::stats_json() const {
 
 void Allocator::mark_used() {
   if (user_pid_.load(std::memory_order_relaxed) == 0) user_pid_.store(static_cast<int>(::getpid()));
+}
+
+void Allocator::record_history(size_t max_entries) {
+  std::lock_guard lock(mu_);  // a pool made meanwhile starts with the same setting
+  history_entries_ = max_entries;
+  const int bound = device_bound_.load(std::memory_order_acquire);
+  for (int d = 0; d < bound; ++d)
+    if (pool::DevicePool* p = pool(d)) p->record_history(max_entries);
+}
+
+std::string Allocator::snapshot_json() const {
+  std::vector<DeviceMemoryView> devices;
+  const int bound = device_bound_.load(std::memory_order_acquire);
+  for (int d = 0; d < bound; ++d)
+    if (pool::DevicePool* p = pool(d)) devices.push_back({d, p->memory_view()});
+  return snapshot_document(devices);
 }
 
 std::string Allocator::check_invariants() const {

@@ -201,6 +201,14 @@ class Allocator {
   // hold, else each broken one, "; "-separated and prefixed with its device. Thread-safe.
   std::string check_invariants() const;
 
+  // From now on every device's pool records its actions, keeping the last `max_entries`
+  // (0: none, and those kept go): vramswap_record_history. Thread-safe.
+  void record_history(size_t max_entries);
+
+  // The memory snapshot document (runtime/snapshot_document.h): vramswap_snapshot_json.
+  // Thread-safe; consistent per device, not across devices.
+  std::string snapshot_json() const;
+
   // The statistics document (see vramswap.h, vramswap_stats_json, for its keys).
   // Thread-safe; consistent per device, not across devices.
   std::string stats_json() const;
@@ -259,6 +267,7 @@ class Allocator {
   std::atomic<ColdProbe> cold_probe_{nullptr};
 
   std::atomic<uint64_t> num_invalid_frees_{0};
+  size_t history_entries_ = 0;  // record_history's setting, for pools made later (under mu_)
   std::atomic<bool> config_error_logged_{false};
   std::atomic<int> user_pid_{0};  // the process that used the allocator (0: none yet)
 };

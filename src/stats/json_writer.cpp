@@ -70,6 +70,13 @@ JsonWriter& JsonWriter::end_object() {
   return *this;
 }
 
+JsonWriter& JsonWriter::begin_array() {
+  separator();
+  out_ += '[';
+  has_items_.push_back(false);
+  return *this;
+}
+
 JsonWriter& JsonWriter::begin_array(std::string_view name) {
   key(name);
   out_ += '[';

@@ -27,6 +27,7 @@ class JsonWriter {
   JsonWriter& begin_object();
   JsonWriter& begin_object(std::string_view key);
   JsonWriter& end_object();
+  JsonWriter& begin_array();
   JsonWriter& begin_array(std::string_view key);
   JsonWriter& end_array();
 

@@ -33,8 +33,11 @@ and every final gradient, and the parent compares them with the torch mode's.
 Output: a JSON file (date, device, driver, torch and CUDA versions, the command line, the
 workload, every mode's figures) and a Markdown table, named
 bench/results/gpu-<date>-<device slug>.{json,md} (with -2, -3, ... when taken), or in --out.
+Each offload mode also records the last step's memory history and dumps a snapshot
+(vramswap.dump_snapshot) that torch's own `python -m torch.cuda._memory_viz stats` must read.
 Exit status: 0 when every check held; 1 when a vramswap mode's loss or gradients differ from
-torch's, a vramswap offload mode's peak passed its limit, or any mode failed other than by
+torch's, a vramswap offload mode's peak passed its limit or its snapshot could not be read by
+torch's tool, or any mode failed other than by
 running out of memory (an error, a crash, a timeout); 2 for bad usage or no CUDA device. A
 mode that runs out of memory is reported, not a failure (--strict: it is one for the vramswap
 modes, and so is an offload mode that evicted nothing or left handles tracked).
@@ -60,6 +63,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import re
 import shlex
 import shutil
@@ -306,11 +310,14 @@ def run_mode(spec, result):
     result["model_allocated_bytes"] = memory().get("allocated_bytes")
 
     times, losses = [], []
+    snapshot = offload_percent(mode) is not None and spec.get("snapshot")
     for step in range(cfg["warmup"] + cfg["steps"]):
         if step == cfg["warmup"]:
             synchronize()
             reset_peaks()
             before = counters()
+        if snapshot and step == cfg["warmup"] + cfg["steps"] - 1:
+            vramswap.record_memory_history(max_entries=1_000_000)  # the last step's events
         for p in params:
             p.grad = None
         synchronize()
@@ -331,9 +338,32 @@ def run_mode(spec, result):
         result["per_step"] = {k: (after[k] - before[k]) / steps for k in VRAMSWAP_COUNTERS}
         result["totals"] = after
         result["tracker"] = vramswap.tracker_stats()
+    if snapshot:
+        result["snapshot"] = check_snapshot(vramswap, torch, spec["snapshot"])
     result["loss_values"] = [float(l.float().item()) for l in losses]
     result["loss_digests"] = [tensor_digest(torch, l) for l in losses]
     result["grad_digests"] = {name: tensor_digest(torch, p.grad) for name, p in model.named_parameters()}
+
+
+def check_snapshot(vramswap, torch, path):
+    """Dumps the memory snapshot (vramswap.dump_snapshot: torch's layout, the last step's
+    trace) and has torch's own tool read it: `python -m torch.cuda._memory_viz stats` on
+    the dump (torch 2.1+), on memory_snapshot()'s segment list for older torch, whose tool
+    reads only that. Returns what the tool said, and the trace's evictions and fetches."""
+    vramswap.dump_snapshot(path)
+    data = vramswap.snapshot()
+    read = path
+    if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 1):
+        read = path + ".segments"
+        with open(read, "wb") as f:
+            pickle.dump(data["segments"], f)
+    viz = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "stats", read],
+                         capture_output=True, text=True, timeout=300)
+    trace = [e for t in data["device_traces"] for e in t]
+    return {"viz_status": viz.returncode, "viz_output": (viz.stdout + viz.stderr)[-2000:],
+            "segments": len(data["segments"]), "trace_events": len(trace),
+            "trace_evictions": sum(e.get("vramswap") == "evict" for e in trace),
+            "trace_fetches": sum(e.get("vramswap") == "fetch" for e in trace)}
 
 
 def child_main(spec_path):
@@ -622,7 +652,7 @@ class Runner:
         out = self.tmp / f"{mode.replace('@', '_')}.json"
         spec = self.tmp / f"{mode.replace('@', '_')}.spec.json"
         spec.write_text(json.dumps({"mode": mode, "config": cfg, "limit_bytes": limit_bytes,
-                                    "out": str(out)}))
+                                    "out": str(out), "snapshot": str(out.with_suffix(".snapshot.pickle"))}))
         timeout = min(self.args.child_timeout, remaining)
         started = time.monotonic()
         proc, timed_out = self._spawn(["--child", str(spec)], timeout)
@@ -996,6 +1026,12 @@ def evaluate(results, by_mode, args):
                 failures.append(f"{mode}: peak reserved {fmt_bytes(peak)} passed the limit {fmt_bytes(limit)}")
             if args.strict and not (r.get("totals") or {}).get("num_evictions"):
                 failures.append(f"{mode}: no eviction under a limit of {fmt_bytes(limit)} (--strict)")
+            snap = r.get("snapshot")
+            if snap and snap["viz_status"] != 0:
+                failures.append(f"{mode}: torch.cuda._memory_viz stats could not read vramswap's snapshot: "
+                                f"{snap['viz_output'][-300:]}")
+            if args.strict and snap and not snap["trace_evictions"]:
+                failures.append(f"{mode}: the snapshot's trace shows no eviction (--strict)")
             if args.strict and r.get("num_tracked_blocks"):
                 failures.append(f"{mode}: {r['num_tracked_blocks']} handles still tracked after "
                                 "backward (--strict)")

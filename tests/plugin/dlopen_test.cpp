@@ -54,6 +54,8 @@ struct Api {
   decltype(&vramswap_last_error) last_error = nullptr;
   decltype(&vramswap_stats_json) stats_json = nullptr;
   decltype(&vramswap_reset_peak_stats) reset_peak_stats = nullptr;
+  decltype(&vramswap_record_history) record_history = nullptr;
+  decltype(&vramswap_snapshot_json) snapshot_json = nullptr;
   decltype(&vramswap_scope_push) scope_push = nullptr;
   decltype(&vramswap_scope_pop) scope_pop = nullptr;
   decltype(&vramswap_pack) pack = nullptr;
@@ -109,6 +111,8 @@ const Api& api() {
     find(handle, a.last_error, "vramswap_last_error", &missing);
     find(handle, a.stats_json, "vramswap_stats_json", &missing);
     find(handle, a.reset_peak_stats, "vramswap_reset_peak_stats", &missing);
+    find(handle, a.record_history, "vramswap_record_history", &missing);
+    find(handle, a.snapshot_json, "vramswap_snapshot_json", &missing);
     find(handle, a.scope_push, "vramswap_scope_push", &missing);
     find(handle, a.scope_pop, "vramswap_scope_pop", &missing);
     find(handle, a.pack, "vramswap_pack", &missing);
@@ -512,6 +516,44 @@ TEST_F(Plugin, StatsJsonHasEveryKeyAndCountersMove) {
   size_t needed = a.stats_json(small, sizeof small);
   EXPECT_GT(needed, sizeof small);
   EXPECT_EQ(small[0], '\0');
+}
+
+// The snapshot in torch's layout (runtime/snapshot_document.h): a live block is in a segment,
+// and the history recorded since vramswap_record_history holds its alloc and free with the
+// size asked for; a buffer too small gets "" and the length needed.
+TEST_F(Plugin, SnapshotJsonHasTheLiveBlockAndTheRecordedHistory) {
+  a.record_history(1000);
+  EXPECT_STREQ(a.last_error(), "");
+  void* p = a.malloc(3 * kMiB + 100, 0, nullptr);
+  ASSERT_NE(p, nullptr) << last_error();
+  auto snapshot = [&] {
+    const size_t n = a.snapshot_json(nullptr, 0);
+    std::string buf(n + 4096, '\0');
+    const size_t m = a.snapshot_json(buf.data(), buf.size());
+    EXPECT_LT(m, buf.size());
+    buf.resize(std::strlen(buf.c_str()));
+    EXPECT_EQ(buf.size(), m);
+    return buf;
+  };
+  const std::string addr = std::to_string(reinterpret_cast<uintptr_t>(p));
+  const std::string live = snapshot();
+  EXPECT_EQ(0u, live.find(R"({"segments":[{"device":0,)")) << live;
+  EXPECT_NE(std::string::npos,
+            live.find(R"({"address":)" + addr + R"(,"size":)" + std::to_string(3 * kMiB + 512) +
+                      R"(,"requested_size":)" + std::to_string(3 * kMiB + 100) + R"(,"state":"active_allocated")"))
+      << live;
+  a.free(p, 3 * kMiB + 100, 0, nullptr);
+  const std::string after = snapshot();
+  for (const char* action : {"alloc", "free_requested", "free_completed"})
+    EXPECT_NE(std::string::npos, after.find(R"({"action":")" + std::string(action) + R"(","addr":)" + addr +
+                                            R"(,"size":)" + std::to_string(3 * kMiB + 100)))
+        << action << " in " << after;
+  char small[8];
+  std::memset(small, 'x', sizeof small);
+  EXPECT_GT(a.snapshot_json(small, sizeof small), sizeof small);
+  EXPECT_EQ(small[0], '\0');
+  a.record_history(0);
+  EXPECT_EQ(std::string::npos, snapshot().find(R"("action")")) << "recording stopped: the events kept go";
 }
 
 TEST_F(Plugin, ResetPeakStatsLowersThePeakToTheCurrentValue) {

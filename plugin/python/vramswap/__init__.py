@@ -9,6 +9,9 @@ What exists so far (see DESIGN.md, "Who uses it and how"):
   vramswap.memory_stats()             vramswap_stats_json as a dict, plus torch's key names
   vramswap.memory_allocated(), max_memory_allocated(), memory_reserved(),
   max_memory_reserved(), reset_peak_memory_stats()   torch.cuda's functions, by their names
+  vramswap.record_memory_history(), snapshot(), memory_snapshot(), dump_snapshot(path)
+                                      memory snapshots in torch's format (its _memory_viz
+                                      reads them, and `vramswap replay`)
   vramswap.reset_peak_stats(), vramswap.empty_cache()
   python3 -m vramswap run -- script.py  an unmodified script, its forwards offloaded (__main__.py)
 Setting VRAMSWAP_TORCH_DEVICE=cpu-sim makes `import vramswap` install the CPU-emulation
@@ -32,7 +35,8 @@ from ._version import __version__
 
 __all__ = ["__version__", "install", "installed", "sim", "offload", "memory_stats", "reset_peak_stats",
            "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-           "reset_peak_memory_stats", "memory_summary", "empty_cache", "enable_peer_access", "tracker_stats",
+           "reset_peak_memory_stats", "memory_summary", "record_memory_history", "snapshot", "memory_snapshot",
+           "dump_snapshot", "empty_cache", "enable_peer_access", "tracker_stats",
            "VramswapError", "ConfigError",
            "OutOfMemoryError"]
 
@@ -84,16 +88,21 @@ def _with_torch_keys(stats):
     return stats
 
 
-def _stats_json():
+def _json_document(name):
+    """The JSON document C function `name` (vramswap_stats_json's contract) returns, parsed."""
     from . import _lib
-    lib = _lib.lib()
+    fn = getattr(_lib.lib(), name)
     for _ in range(4):
-        n = lib.vramswap_stats_json(None, 0)
+        n = fn(None, 0)
         buf = ctypes.create_string_buffer(n + 4096)
-        got = lib.vramswap_stats_json(buf, len(buf))
+        got = fn(buf, len(buf))
         if 0 < got < len(buf):
             return json.loads(buf.value.decode())
-    raise VramswapError("vramswap_stats_json: " + _lib.last_error())
+    raise VramswapError(name + ": " + _lib.last_error())
+
+
+def _stats_json():
+    return _json_document("vramswap_stats_json")
 
 
 def memory_stats(device=None):
@@ -193,6 +202,44 @@ def memory_summary(device=None, abbreviated=False):
              row("Planned steps", "", "", count("num_planned_steps")),
              rule]
     return "\n".join(lines) + "\n"
+
+
+def record_memory_history(enabled=True, max_entries=100_000):
+    """torch.cuda.memory._record_memory_history()'s counterpart: from now on every device's
+    pool records its actions (allocations, frees asked for and completed, pages mapped and
+    unmapped, evictions' and fetches' marked, refused allocations), the last `max_entries`
+    per device, for snapshot() and dump_snapshot(). enabled=False (or None) stops recording
+    and drops the events kept. No Python stacks are recorded: every event's "frames" is []."""
+    from . import _lib
+    if enabled and (not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries <= 0):
+        raise ValueError(f"record_memory_history: max_entries={max_entries!r}; expected a positive integer")
+    _lib.lib().vramswap_record_history(max_entries if enabled else 0)
+
+
+def snapshot():
+    """The memory snapshot in torch's layout (torch.cuda.memory._snapshot(), torch 2.1 and
+    later): {"segments": the mapped memory of every device's pool and the blocks on it,
+    "device_traces": the events recorded since record_memory_history(), one list per device
+    ordinal, "vramswap": {"evicted": blocks on the host with no page mapped}}. Evictions and
+    fetches appear in the traces as "segment_unmap" and "segment_map" events with
+    "vramswap": "evict" or "fetch" (src/runtime/snapshot_document.h)."""
+    return _json_document("vramswap_snapshot_json")
+
+
+def memory_snapshot():
+    """torch.cuda.memory_snapshot(): the segments of snapshot(), a list (what torch's
+    _memory_viz of torch 1.13 reads from a pickle)."""
+    return snapshot()["segments"]
+
+
+def dump_snapshot(path):
+    """torch.cuda.memory._dump_snapshot(path): pickles snapshot() to `path`, for torch's
+    tools (python -m torch.cuda._memory_viz, https://pytorch.org/memory_viz; torch 2.1 and
+    later) and for `vramswap replay`."""
+    import pickle
+    data = snapshot()
+    with open(path, "wb") as f:
+        pickle.dump(data, f)
 
 
 def empty_cache():

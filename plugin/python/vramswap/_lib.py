@@ -67,6 +67,8 @@ def _declare(lib):
         "vramswap_configure": (i, [cp, cp]),
         "vramswap_last_error": (cp, []),
         "vramswap_stats_json": (sz, [ctypes.c_char_p, sz]),
+        "vramswap_snapshot_json": (sz, [ctypes.c_char_p, sz]),
+        "vramswap_record_history": (None, [sz]),
         "vramswap_reset_peak_stats": (None, []),
         "vramswap_scope_push": (None, []),
         "vramswap_scope_pop": (None, []),
