@@ -478,7 +478,8 @@ class DevicePool::Impl {
   // The size a free of `b` is traced with: the one its alloc was (torch's trace pairs them).
   static uint64_t traced_size(const Block& b) { return b.requested ? b.requested : b.size; }
   void trace_oom(size_t size, cudaStream_t stream) {
-    history_.add(TraceEvent::Action::kOom, 0, size, stream_id(stream));
+    history_.add(TraceEvent::Action::kOom, 0, size, stream_id(stream), TraceEvent::Cause::kNone,
+                 limit_ > reserved_ ? limit_ - reserved_ : 0);
   }
 };
 

@@ -41,6 +41,8 @@ struct TraceEvent {
   uint64_t size = 0;
   uintptr_t stream = 0;  // the stream the action was for (0: none named)
   uint64_t time_us = 0;
+  uint64_t device_free = 0;  // kOom: the bytes the pool could still map (torch: the device's
+                             // free memory), as torch's tools expect of an oom event
 };
 
 class History {
@@ -56,11 +58,16 @@ class History {
   }
 
   void add(TraceEvent::Action action, uintptr_t addr, uint64_t size, uintptr_t stream,
-           TraceEvent::Cause cause = TraceEvent::Cause::kNone) {
+           TraceEvent::Cause cause = TraceEvent::Cause::kNone, uint64_t device_free = 0) {
     if (capacity_ == 0) return;
     const auto now = std::chrono::system_clock::now().time_since_epoch();
-    const TraceEvent e{action, cause, addr, size, stream,
-                       uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(now).count())};
+    const TraceEvent e{action,
+                       cause,
+                       addr,
+                       size,
+                       stream,
+                       uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(now).count()),
+                       device_free};
     if (events_.size() < capacity_) {
       events_.push_back(e);
     } else {

@@ -108,6 +108,7 @@ std::string snapshot_document(const std::vector<DeviceMemoryView>& devices) {
           .field("stream", uint64_t(e.stream))
           .field("time_us", e.time_us);
       w.begin_array("frames").end_array();
+      if (e.action == TraceEvent::Action::kOom) w.field("device_free", e.device_free);
       if (e.cause != TraceEvent::Cause::kNone) w.field("vramswap", e.cause == TraceEvent::Cause::kEvict ? "evict" : "fetch");
       w.end_object();
     }

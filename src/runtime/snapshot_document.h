@@ -20,7 +20,8 @@
 //
 // An evicted block whose pages are all unmapped lies in no segment: it is listed under
 // "vramswap"/"evicted" ("device", "address", "size", "stream"). Each trace event has
-// "action", "addr", "size", "stream", "time_us", "frames" ([]) and, for the pages an
+// "action", "addr", "size", "stream", "time_us", "frames" ([]), for an "oom" "device_free"
+// (the bytes the pool could still map within its limit), and, for the pages an
 // eviction unmapped or a fetch mapped (or unmapped to make room), "vramswap": "evict" or
 // "fetch" (Note [Memory history] in pool/history.h).
 //

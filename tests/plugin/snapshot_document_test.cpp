@@ -80,7 +80,7 @@ TEST(SnapshotDocument, OneTracePerOrdinalInOrderWithEvictionsMarked) {
   d.view.trace = {{TraceEvent::Action::kAlloc, TraceEvent::Cause::kNone, kBase, 100, 0x77, 5},
                   {TraceEvent::Action::kSegmentUnmap, TraceEvent::Cause::kEvict, kBase, 2 * kMiB, 0, 6},
                   {TraceEvent::Action::kSegmentMap, TraceEvent::Cause::kFetch, kBase, 2 * kMiB, 0, 7},
-                  {TraceEvent::Action::kOom, TraceEvent::Cause::kNone, 0, 1 << 30, 0x77, 8}};
+                  {TraceEvent::Action::kOom, TraceEvent::Cause::kNone, 0, 1 << 30, 0x77, 8, 3 * kMiB}};
   const std::string doc = snapshot_document({d});
   const std::string a = std::to_string(kBase), g = std::to_string(2 * kMiB);
   const std::string traces = R"("device_traces":[[],[{"action":"alloc","addr":)" + a +
@@ -88,7 +88,8 @@ TEST(SnapshotDocument, OneTracePerOrdinalInOrderWithEvictionsMarked) {
                              a + R"(,"size":)" + g + R"(,"stream":0,"time_us":6,"frames":[],"vramswap":"evict"},)" +
                              R"({"action":"segment_map","addr":)" + a + R"(,"size":)" + g +
                              R"(,"stream":0,"time_us":7,"frames":[],"vramswap":"fetch"},)" +
-                             R"({"action":"oom","addr":0,"size":1073741824,"stream":119,"time_us":8,"frames":[]}]],)";
+                             R"({"action":"oom","addr":0,"size":1073741824,"stream":119,"time_us":8,"frames":[],)" +
+                             R"("device_free":)" + std::to_string(3 * kMiB) + "}]],";
   EXPECT_NE(std::string::npos, doc.find(traces)) << doc;
 }
 

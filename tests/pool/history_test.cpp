@@ -96,6 +96,7 @@ TEST_F(History, ARefusedAllocationIsAnOom) {
   const auto trace = pool().memory_view().trace;
   ASSERT_EQ(std::vector<Action>{Action::kOom}, actions(trace));
   EXPECT_EQ(size_t(1) << 50, trace[0].size);
+  EXPECT_EQ(stats().limit_bytes - stats().reserved_bytes, trace[0].device_free);
 }
 
 TEST_F(History, TheViewShowsMappedRangesAndEveryBlockInAddressOrder) {

@@ -58,6 +58,13 @@ def extra_checks(check, runs):
     bad = [s["address"] for s in data["segments"] if sum(b["size"] for b in s["blocks"]) != s["total_size"]]
     check(data["segments"] and not bad, f"{len(data['segments'])} segments, each tiled by its blocks"
           + (f" (not: {bad})" if bad else ""))
+    # What torch 2.1+'s _memory_viz reads of each block and segment (its segment summary takes
+    # an active block's requested_size as allocated, the rest of its size as internal free).
+    odd = [(s["address"], b.get("address")) for s in data["segments"] for b in s["blocks"]
+           if not isinstance(b.get("frames"), list) or "stream" not in s
+           or not 0 < b.get("requested_size", -1) <= b["size"]]
+    check(not odd, "every block has frames and 0 < requested_size <= size; every segment a stream"
+          + (f" (not: {odd[:4]})" if odd else ""))
     trace = data["device_traces"][0] if data["device_traces"] else []
     actions = [e["action"] for e in trace]
     stats = runs["step"][3]["stats"]
