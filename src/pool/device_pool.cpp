@@ -21,9 +21,12 @@
 #include <condition_variable>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "config/units.h"
@@ -32,6 +35,7 @@
 #include "cuda/event.h"
 #include "cuda/stream.h"
 #include "cuda/vmm.h"
+#include "pool/thread_cache.h"
 
 namespace vramswap::pool {
 namespace {
@@ -71,7 +75,36 @@ struct Block {
                                        // (deallocate_to_any's promotion checks it)
   uint64_t requested = 0;              // live or pending, allocated while the history records:
                                        // the size asked for (0: not recorded)
+  ThreadCache* owner = nullptr;        // live: the thread cache it is lent to (Note [Thread
+                                       // caches]); null: the pool's
 };
+
+// Each thread's caches, one per pool it used (keyed by the pool's id, never reused). When
+// the thread exits, its caches are marked orphaned: the pool empties them at its next slow
+// allocation. The thread-local pointers are trivially destructible, so that a free during
+// the thread's (or the process's) teardown, after the reaper ran, finds no cache and takes
+// the pool's path instead of touching a destroyed object.
+struct ThreadCaches {
+  std::vector<std::pair<uint64_t, std::shared_ptr<ThreadCache>>> entries;
+  ThreadCache* find(uint64_t id) const {
+    for (const auto& [key, cache] : entries)
+      if (key == id) return cache.get();
+    return nullptr;
+  }
+};
+thread_local ThreadCaches* tls_caches = nullptr;
+thread_local bool tls_caches_gone = false;  // the thread is exiting: no cache any more
+struct ThreadCachesReaper {
+  bool armed = false;
+  ~ThreadCachesReaper() {
+    tls_caches_gone = true;
+    if (tls_caches == nullptr) return;
+    for (auto& [id, cache] : tls_caches->entries) cache->orphaned.store(true, std::memory_order_release);
+    delete std::exchange(tls_caches, nullptr);
+  }
+};
+thread_local ThreadCachesReaper tls_reaper;
+std::atomic<uint64_t> next_pool_id{1};
 
 struct QuickKey {
   cudaStream_t stream;
@@ -118,6 +151,9 @@ std::string pointer_name(const void* p) {
 class DevicePool::Impl {
  public:
   explicit Impl(const PoolOptions& options);
+  ~Impl() {
+    for (auto& cache : caches_) cache->dead.store(true, std::memory_order_release);
+  }
 
   void* allocate(size_t size, cudaStream_t stream, std::string* error);
   Result deallocate(void* ptr, cudaStream_t stream);
@@ -144,14 +180,16 @@ class DevicePool::Impl {
   PoolStats stats() const;
   uint64_t take_allocated_high() {
     std::lock_guard lock(mu_);
-    const uint64_t high = std::max(allocated_high_, allocated_);
-    allocated_high_ = allocated_;
+    const uint64_t now = allocated_ - cached_in_threads();
+    const uint64_t high = std::max(allocated_high_, now);
+    allocated_high_ = now;
     return high;
   }
   std::string check_invariants() const;
   void record_history(size_t max_entries) {
     std::lock_guard lock(mu_);
     history_.reset(max_entries);
+    if (max_entries > 0) caches_off();  // the fast path records nothing
   }
   MemoryView memory_view() const;
   Census live_below(uint64_t bytes) const;
@@ -467,6 +505,45 @@ class DevicePool::Impl {
   // eviction's unmap_block, a fetch's map_block, or neither).
   History history_;
   TraceEvent::Cause cause_ = TraceEvent::Cause::kNone;
+
+  // Note [Thread caches]. id_: this pool's key in each thread's caches. caches_on_: the fast
+  // path may be taken (cleared for good by caches_off()). caches_: every cache registered,
+  // under mu_.
+  const uint64_t id_ = next_pool_id.fetch_add(1);
+  std::atomic<bool> caches_on_{true};
+  std::vector<std::shared_ptr<ThreadCache>> caches_;
+  ThreadCache* own_cache() const {
+    const ThreadCaches* t = tls_caches;
+    return t ? t->find(id_) : nullptr;
+  }
+  ThreadCache* own_cache_or_make();
+  // The calling thread's cached bytes: read without its lock, which only the owner (us) and
+  // holders of mu_ (us) write.
+  uint64_t own_cached() const {
+    const ThreadCache* c = own_cache();
+    return c ? c->cached_bytes : 0;
+  }
+  // Every cache's cached bytes (each locked in turn).
+  uint64_t cached_in_threads() const;
+  // Gives the pool `c`'s cached blocks back (freed for their streams); with `disown`, its
+  // live blocks too (the pool's again, freed the slow way), and its counters (the cache is
+  // dropped next).
+  void empty_thread_cache(ThreadCache& c, bool disown);
+  // Lends the block at `p` (just allocated) to the calling thread's cache.
+  void lend(void* p, uint64_t rounded, cudaStream_t stream);
+  // Empties every cache and clears caches_on_: the pool is as it was with no thread caches.
+  void caches_off();
+  // Turns the caches off once the pool places for eviction, remaps or records its history
+  // (their rules and records need every block in the pool's own hands), or would reach half
+  // its limit with `more` bytes mapped.
+  // Also empties the caches of threads that exited (reap_orphans).
+  void check_caches(uint64_t more) {
+    if (!caches_on_.load(std::memory_order_relaxed)) return;
+    if (grouping() || remapping_ || history_.recording() || 2 * (reserved_ + more) >= limit_) caches_off();
+    else reap_orphans();
+  }
+  // Empties the caches of threads that exited, and drops them.
+  void reap_orphans();
   static uintptr_t stream_id(cudaStream_t s) { return s == kAnyStream ? 0 : reinterpret_cast<uintptr_t>(s); }
   void* traced_alloc(void* p, size_t size, cudaStream_t stream) {
     if (p && history_.recording()) {
@@ -917,6 +994,7 @@ uint64_t DevicePool::Impl::release_spare_for(uint64_t bytes, const std::vector<b
 
 void DevicePool::Impl::release_block(BlockIt b, cudaStream_t tag, uint64_t serial) {
   b->second.state = State::kFree;
+  b->second.owner = nullptr;
   b->second.tag = tag;
   b->second.also_on.clear();
   if (b->second.away) --away_blocks_;
@@ -1091,6 +1169,7 @@ bool DevicePool::Impl::call_reclaimer(uint64_t bytes, ReclaimMode mode, cudaStre
 
 bool DevicePool::Impl::relieve(Relief relief, uint64_t bytes, cudaStream_t stream,
                                std::unique_lock<std::mutex>& lock) {
+  caches_off();  // under pressure every block is the pool's (Note [Thread caches])
   switch (relief) {
     case Relief::kUnusedGranules:
       poll_if_waiting();
@@ -1124,11 +1203,111 @@ bool DevicePool::Impl::relieve(Relief relief, uint64_t bytes, cudaStream_t strea
 }
 
 void DevicePool::Impl::flush_quick() {
+  if (ThreadCache* c = own_cache(); c && c->cached_blocks > 0) empty_thread_cache(*c, false);
   if (quick_blocks_ == 0) return;
   for (auto& [key, list] : quick_)
     for (BlockIt b : list) release_block(b, key.stream);
   quick_.clear();
   quick_blocks_ = 0;
+}
+
+// Note [Thread caches]
+// --------------------
+// The hot path (an allocation of a size the thread freed before, on the same stream) takes
+// no pool lock. Each thread has a cache per pool (thread_cache.h) to which the pool *lends*
+// the ordinary blocks the thread allocates: the pool still counts them allocated (live, with
+// their granules), and the cache knows each one's size and stream. The thread's free of a
+// lent block on its own stream moves it to the cache's list for (stream, size), the thread's
+// next allocation of that size on that stream takes it back: each with the cache's own lock,
+// which no other thread takes unless the pool asks, so threads share no cache line. These
+// are exactly the quick lists' rules (Note [The pool] in device_pool.h), per thread: at most
+// kQuickPerSize blocks per (stream, size), the last freed first; the thread's first
+// allocation that its cache cannot serve empties the cache into the free index (with the
+// pool's quick lists), so that best fit sees its cached blocks. What the caches hold,
+// counted in statistics, is subtracted from the pool's allocated bytes when read.
+//
+// Everything else goes through the pool under its mutex as before: a free on another stream,
+// or of a block another thread allocated (the pool takes it back from that thread's cache:
+// disown), record_stream (the block goes back to the pool), offloadable blocks, the free of
+// a block the cache has no room for (released, as a full quick list releases it). A free of
+// a block cached by some thread is a double free and is refused, as ever.
+//
+// Caches are an optimization for a pool with memory to spare: once the pool places for
+// eviction (grouping()), remaps pages, records its history, or would reach half its limit,
+// caches_off() empties every cache and the pool never lends again; its placement rules,
+// pressure measures and records then see every block as they always did. A single thread
+// gets the same blocks in the same places as from the pool's quick lists; with several
+// threads, a thread's cached blocks are seen by best fit only once it misses (or under
+// pressure), and the peak of allocated bytes may count other threads' cached blocks as
+// allocated (it never misses a peak).
+ThreadCache* DevicePool::Impl::own_cache_or_make() {
+  if (ThreadCache* c = own_cache()) return c;
+  if (tls_caches_gone) return nullptr;  // the thread is exiting
+  tls_reaper.armed = true;              // constructs it: its destructor runs at the thread's exit
+  if (tls_caches == nullptr) tls_caches = new ThreadCaches;
+  auto cache = std::make_shared<ThreadCache>();
+  auto& entries = tls_caches->entries;
+  std::erase_if(entries, [](const auto& e) { return e.second->dead.load(std::memory_order_acquire); });
+  entries.emplace_back(id_, cache);
+  caches_.push_back(cache);
+  return cache.get();
+}
+
+uint64_t DevicePool::Impl::cached_in_threads() const {
+  uint64_t bytes = 0;
+  for (const auto& c : caches_) {
+    c->lock();
+    bytes += c->cached_bytes;
+    c->unlock();
+  }
+  return bytes;
+}
+
+void DevicePool::Impl::empty_thread_cache(ThreadCache& c, bool disown) {
+  c.lock();
+  c.drain_cached([&](uintptr_t addr, uint64_t rounded, cudaStream_t stream) {
+    BlockIt b = blocks_.find(addr);
+    allocated_ -= rounded;
+    count_on_granules(addr, rounded, 0, -1);
+    release_block(b, stream);
+  });
+  if (disown) {
+    c.drain_live([&](uintptr_t addr) { blocks_.find(addr)->second.owner = nullptr; });
+    num_allocs_ += std::exchange(c.allocs, 0);
+    num_cache_hits_ += std::exchange(c.hits, 0);
+    num_frees_ += std::exchange(c.frees, 0);
+  }
+  c.unlock();
+}
+
+void DevicePool::Impl::lend(void* p, uint64_t rounded, cudaStream_t stream) {
+  ThreadCache* c = own_cache_or_make();
+  if (c == nullptr) return;  // the thread is exiting: the block stays the pool's
+  c->lock();
+  c->add_live(reinterpret_cast<uintptr_t>(p), rounded, stream);
+  c->unlock();
+  blocks_.find(reinterpret_cast<uintptr_t>(p))->second.owner = c;
+}
+
+void DevicePool::Impl::caches_off() {
+  caches_on_.store(false, std::memory_order_release);
+  for (auto& c : caches_) {
+    empty_thread_cache(*c, true);
+    c->dead.store(true, std::memory_order_release);  // its thread drops it at its next registration
+  }
+  caches_.clear();
+}
+
+void DevicePool::Impl::reap_orphans() {
+  for (size_t i = 0; i < caches_.size();) {
+    if (!caches_[i]->orphaned.load(std::memory_order_acquire)) {
+      ++i;
+      continue;
+    }
+    empty_thread_cache(*caches_[i], true);
+    caches_[i] = std::move(caches_.back());
+    caches_.pop_back();
+  }
 }
 
 void* DevicePool::Impl::take(BlockIt b, uintptr_t start, uint64_t size, cudaStream_t stream, bool offloadable,
@@ -1157,8 +1336,9 @@ void* DevicePool::Impl::take(BlockIt b, uintptr_t start, uint64_t size, cudaStre
   count_on_granules(b->first, size, offloadable, +1);
   if (offloadable && size < granularity_ / 2) open_[stream] = granule_index(b->first + size - 1);
   allocated_ += size;
-  peak_allocated_ = std::max(peak_allocated_, allocated_);
-  allocated_high_ = std::max(allocated_high_, allocated_);
+  const uint64_t in_use = allocated_ - own_cached();  // Note [Thread caches]
+  peak_allocated_ = std::max(peak_allocated_, in_use);
+  allocated_high_ = std::max(allocated_high_, in_use);
   ++num_allocs_;
   if (!mapped_new) ++num_cache_hits_;
   return reinterpret_cast<void*>(b->first);
@@ -1181,8 +1361,9 @@ void* DevicePool::Impl::take_quick(uint64_t rounded, cudaStream_t stream, bool o
   count_on_granules(b->first, rounded, offloadable, +1);
   if (offloadable) open_[stream] = granule_index(b->first + rounded - 1);
   allocated_ += rounded;
-  peak_allocated_ = std::max(peak_allocated_, allocated_);
-  allocated_high_ = std::max(allocated_high_, allocated_);
+  const uint64_t in_use = allocated_ - own_cached();  // Note [Thread caches]
+  peak_allocated_ = std::max(peak_allocated_, in_use);
+  allocated_high_ = std::max(allocated_high_, in_use);
   ++num_allocs_;
   ++num_cache_hits_;
   return reinterpret_cast<void*>(b->first);
@@ -1191,6 +1372,15 @@ void* DevicePool::Impl::take_quick(uint64_t rounded, cudaStream_t stream, bool o
 void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* error) {
   error->clear();
   if (size == 0) return nullptr;
+  // The hot path: the thread's own cache (Note [Thread caches]).
+  if (caches_on_.load(std::memory_order_acquire) && size <= va_.size()) {
+    if (ThreadCache* c = own_cache()) {
+      c->lock();
+      const uintptr_t p = c->take(stream, round_up(size, kAlignment));
+      c->unlock();
+      if (p) return reinterpret_cast<void*>(p);
+    }
+  }
   std::unique_lock lock(mu_);
   if (size > va_.size()) {
     ++num_ooms_;
@@ -1199,13 +1389,19 @@ void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* 
     return nullptr;
   }
   const uint64_t rounded = round_up(size, kAlignment);
+  check_caches(rounded);
   poll_before_allocating();
-  if (quick_blocks_) {
-    if (void* p = take_quick(rounded, stream, false)) return traced_alloc(p, size, stream);
-    // A miss: merge the quick lists so that best fit sees every cached block.
-    flush_quick();
+  void* p = nullptr;
+  const ThreadCache* own = own_cache();
+  if (quick_blocks_ || (own && own->cached_blocks > 0)) {
+    p = take_quick(rounded, stream, false);
+    // A miss: merge the quick lists (and this thread's cache) so that best fit sees every
+    // cached block.
+    if (!p) flush_quick();
   }
-  return traced_alloc(allocate_slow(size, rounded, stream, false, false, lock, error), size, stream);
+  if (!p) p = allocate_slow(size, rounded, stream, false, false, lock, error);
+  if (p && caches_on_.load(std::memory_order_relaxed)) lend(p, rounded, stream);
+  return traced_alloc(p, size, stream);
 }
 
 void* DevicePool::Impl::allocate_offloadable(size_t size, cudaStream_t stream, std::string* error,
@@ -1220,6 +1416,7 @@ void* DevicePool::Impl::allocate_offloadable(size_t size, cudaStream_t stream, s
     *error = oom_report(size, size, "the pool's address range");
     return nullptr;
   }
+  check_caches(round_up(size, kAlignment));
   poll_before_allocating();
   uint64_t rounded = round_up(size, kAlignment);  // the block's size, whichever path takes it
   void* p = nullptr;
@@ -1303,6 +1500,7 @@ Result DevicePool::Impl::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
   if (b == blocks_.end() || b->second.state != State::kLive || !b->second.offloadable)
     return {false, "unmap of " + pointer_name(ptr) + ": not a live offloadable block"};
   if (b->second.away) return {false, "unmap of " + pointer_name(ptr) + ": already given up (unmapped)"};
+  caches_off();  // pages are remapped from now on (Note [Thread caches])
   cuda::ContextScope scope(device_);
   b->second.away = true;  // so that granule_idle() sees its own granules as free of it
   remapping_ = true;
@@ -1340,6 +1538,7 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait, cudaStream_t stream)
   if (b == blocks_.end() || b->second.state != State::kLive || !b->second.offloadable || !b->second.away)
     return {false, "map of " + pointer_name(ptr) + ": not a live offloadable block that was given up (unmap_block)"};
   const uint64_t size = b->second.size;
+  caches_off();
   std::string why;
   // The pool's own measures, as for an allocation (no reclaim: the caller is the
   // reclaimer's owner), as far as `wait` allows.
@@ -1452,6 +1651,17 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
   Result result;
   BlockIt b = find_live(ptr, &result);
   if (b == blocks_.end()) return result;
+  // A block lent to a thread's cache comes back to the pool; one cached there was freed
+  // already (Note [Thread caches]).
+  bool own_cache_full = false;
+  if (ThreadCache* owner = b->second.owner) {
+    owner->lock();
+    const bool live = owner->disown(b->first);
+    owner->unlock();
+    if (!live) return {false, "free of " + pointer_name(ptr) + ": already freed (double free)"};
+    b->second.owner = nullptr;
+    own_cache_full = owner == own_cache();  // its own thread's free that its cache had no room for
+  }
   // Work queued before the free on every stream that used the block must finish before
   // another stream reuses it. The freeing stream orders reuse on itself; any other stream
   // that used the block (the allocation stream, record_stream's) gets an event now. Events
@@ -1489,7 +1699,7 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
     hold_back(b, std::move(events), to_any ? kAnyStream : stream);
   } else if (auto& list = quick_[{stream, block.size, block.offloadable}];
              !to_any && !block.away && !(block.offloadable && block.size >= granularity_ / 2) &&  // own span
-             list.size() < kQuickPerSize) {
+             !own_cache_full && list.size() < kQuickPerSize) {
     block.state = State::kQuick;
     block.tag = stream;
     block.also_on.clear();
@@ -1501,7 +1711,19 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
   return {};
 }
 
-Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) { return free_behind(ptr, stream, false); }
+Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) {
+  // The hot path: a block lent to this thread's cache, freed on its own stream (Note
+  // [Thread caches]).
+  if (ptr && caches_on_.load(std::memory_order_acquire)) {
+    if (ThreadCache* c = own_cache()) {
+      c->lock();
+      const bool cached = c->give(reinterpret_cast<uintptr_t>(ptr), stream);
+      c->unlock();
+      if (cached) return {};
+    }
+  }
+  return free_behind(ptr, stream, false);
+}
 
 Result DevicePool::Impl::deallocate_to_any(void* ptr, cudaStream_t stream) { return free_behind(ptr, stream, true); }
 
@@ -1511,6 +1733,15 @@ Result DevicePool::Impl::record_stream(void* ptr, cudaStream_t stream) {
   if (b == blocks_.end() || b->second.state != State::kLive)
     return {false, "record_stream on " + pointer_name(ptr) +
                        ": not a live block vramswap allocated"};
+  if (ThreadCache* owner = b->second.owner) {
+    // Used by another stream now: the pool's again (its free needs an event).
+    owner->lock();
+    const bool live = owner->disown(b->first);
+    owner->unlock();
+    if (!live)
+      return {false, "record_stream on " + pointer_name(ptr) + ": not a live block vramswap allocated (freed)"};
+    b->second.owner = nullptr;
+  }
   if (stream != b->second.tag && std::find(b->second.also_on.begin(), b->second.also_on.end(), stream) ==
                                      b->second.also_on.end())
     b->second.also_on.push_back(stream);
@@ -1525,6 +1756,7 @@ Result DevicePool::Impl::stream_destroyed(cudaStream_t stream) {
   // outlive that call.
   synced_.wait(lock, [&] { return std::find(syncing_.begin(), syncing_.end(), stream) == syncing_.end(); });
   open_.erase(stream);
+  for (auto& c : caches_) empty_thread_cache(*c, true);  // every block the pool's to retag
   flush_quick();
   auto names = [&](const Block& b) {
     return b.state == State::kLive &&
@@ -1573,6 +1805,7 @@ Result DevicePool::Impl::grant_peer(int peer) {
 void DevicePool::Impl::empty_cache() {
   std::unique_lock lock(mu_);
   poll_pending();
+  for (auto& c : caches_) empty_thread_cache(*c, false);
   flush_quick();
   synchronize_and_retire(lock, kAnyStream);
   unmap_unused(UINT64_MAX);
@@ -1582,7 +1815,17 @@ void DevicePool::Impl::empty_cache() {
 PoolStats DevicePool::Impl::stats() const {
   std::lock_guard lock(mu_);
   PoolStats s;
-  s.allocated_bytes = allocated_;
+  // What the threads' caches did and hold (Note [Thread caches]).
+  for (const auto& c : caches_) {
+    c->lock();
+    s.allocated_bytes -= c->cached_bytes;  // unsigned: wraps back below with allocated_ added
+    s.num_allocs += c->allocs;
+    s.num_cache_hits += c->hits;
+    s.num_frees += c->frees;
+    s.num_free_blocks += c->cached_blocks;
+    c->unlock();
+  }
+  s.allocated_bytes += allocated_;
   s.reserved_bytes = reserved_;
   s.mapped_bytes = mapped_;
   s.peak_mapped_bytes = peak_mapped_;
@@ -1590,9 +1833,9 @@ PoolStats DevicePool::Impl::stats() const {
   s.peak_allocated_bytes = peak_allocated_;
   s.peak_reserved_bytes = peak_reserved_;
   s.limit_bytes = limit_;
-  s.num_allocs = num_allocs_;
-  s.num_frees = num_frees_;
-  s.num_cache_hits = num_cache_hits_;
+  s.num_allocs += num_allocs_;
+  s.num_frees += num_frees_;
+  s.num_cache_hits += num_cache_hits_;
   s.num_ooms = num_ooms_;
   for (auto& [key, set] : free_) s.num_free_blocks += set.size();
   s.num_free_blocks += quick_blocks_;
@@ -1623,12 +1866,21 @@ DevicePool::MemoryView DevicePool::Impl::memory_view() const {
     if (!v.mapped.empty() && v.mapped.back().first + v.mapped.back().second == addr) v.mapped.back().second += granularity_;
     else v.mapped.emplace_back(addr, granularity_);
   }
+  std::unordered_set<uintptr_t> cached;  // freed into a thread's cache: free to the program
+  for (const auto& c : caches_) {
+    c->lock();
+    c->for_each([&](uintptr_t addr, uint64_t, cudaStream_t, bool is_cached) {
+      if (is_cached) cached.insert(addr);
+    });
+    c->unlock();
+  }
   v.blocks.reserve(blocks_.size());
   for (const auto& [addr, b] : blocks_) {
     BlockView w;
     w.addr = addr;
     w.size = b.size;
-    w.state = b.state == State::kLive                                   ? BlockView::State::kLive
+    w.state = b.state == State::kLive && !cached.count(addr)            ? BlockView::State::kLive
+              : b.state == State::kLive                                   ? BlockView::State::kFree
               : b.state == State::kPending || b.state == State::kRetiring ? BlockView::State::kPendingFree
                                                                            : BlockView::State::kFree;
     w.offloadable = b.state == State::kLive && b.offloadable;
@@ -1688,6 +1940,26 @@ std::string DevicePool::Impl::check_invariants() const {
                                   std::to_string(away) + " are");
   expect(quick == quick_blocks_, "quick lists count " + std::to_string(quick_blocks_) + " blocks, " +
                                      std::to_string(quick) + " are quick-listed");
+  // Note [Thread caches]: each cache's blocks are live ordinary blocks lent to it, of the
+  // sizes it knows; and every block lent to a cache is one of its blocks.
+  uint64_t lent = 0, in_caches = 0;
+  for (const auto& [addr, b] : blocks_) lent += b.owner != nullptr;
+  expect(caches_on_.load() || caches_.empty(), "thread caches are off but " + std::to_string(caches_.size()) +
+                                                   " are registered");
+  for (const auto& c : caches_) {
+    c->lock();
+    c->for_each([&](uintptr_t addr, uint64_t rounded, cudaStream_t, bool) {
+      ++in_caches;
+      auto b = blocks_.find(addr);
+      expect(b != blocks_.end() && b->second.state == State::kLive && b->second.owner == c.get() &&
+                 b->second.size == rounded && !b->second.offloadable,
+             "thread cache block " + pointer_name(reinterpret_cast<void*>(addr)) +
+                 " is not a live ordinary block of its size lent to that cache");
+    });
+    c->unlock();
+  }
+  expect(lent == in_caches, std::to_string(lent) + " blocks are lent to thread caches, which hold " +
+                                std::to_string(in_caches));
   uint64_t indexed = 0;
   for (const auto& [key, set] : free_) indexed += set.size();
   expect(indexed == free_blocks, "the free index holds " + std::to_string(indexed) + " entries for " +
@@ -1734,7 +2006,7 @@ std::string DevicePool::Impl::check_invariants() const {
 
 void DevicePool::Impl::reset_peaks() {
   std::lock_guard lock(mu_);
-  peak_allocated_ = allocated_;
+  peak_allocated_ = allocated_ - cached_in_threads();
   peak_reserved_ = reserved_;
   peak_mapped_ = mapped_;
 }

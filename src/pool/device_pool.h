@@ -36,7 +36,10 @@
 // The hot path: a block freed on S with nothing to wait for goes, whole and unmerged, to
 // a quick list for (S, rounded size) (at most kQuickPerSize each); an allocation of that
 // size on S takes it back in O(1). Any other allocation first merges the quick lists into
-// the free index, so best fit always sees every cached block. Neither path makes a CUDA call. Growing
+// the free index, so best fit always sees every cached block. Neither path makes a CUDA call.
+// While the pool has memory to spare, the quick lists of ordinary blocks are per thread
+// (Note [Thread caches] in device_pool.cpp): a thread's same-stream free and reallocation
+// take no pool lock, and two threads share no cache line. Growing
 // maps granules (cuMemCreate + cuMemMap + cuMemSetAccess); at the limit, or when the
 // device is full, the pool unmaps cached granules no block uses, asks the reclaimer for
 // what it can free without waiting, waits for the events of pending frees, synchronizes
@@ -85,9 +88,11 @@
 // optimizer state allocated in the first backward) still pin granules they share with
 // saved ones once placed there by the last-resort rule.
 //
-// Thread safety: one mutex per pool guards all state. It is never held across a
-// synchronization (event waits happen with the lock released); mapping calls are made
-// under it. Counters read by stats() are taken under the lock.
+// Thread safety: one mutex per pool guards all state but the threads' caches, each guarded
+// by its own lock (taken by its thread on the hot path, by the pool under its mutex). The
+// mutex is never held across a synchronization (event waits happen with the lock
+// released); mapping calls are made under it. Counters read by stats() are taken under the
+// locks.
 #pragma once
 
 #include <cuda_runtime_api.h>
