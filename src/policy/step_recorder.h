@@ -51,7 +51,7 @@ enum class PointKind : uint8_t { kGraph, kAlloc, kPack, kCold, kUnpack, kRelease
 // unmapped when it leaves and mapped again when it comes back. Measured on an H100
 // (tests/gpu/vmm_cost.py): map, access and unmap of one physical allocation take 60-98 us
 // whatever its size, and a victim's pages are one allocation (Note [Runs] in
-// pool/device_pool.cpp).
+// pool/granules.cpp).
 constexpr uint64_t kVictimCostNs = 100'000;
 
 class StepRecorder {

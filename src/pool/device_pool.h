@@ -10,7 +10,7 @@
 // touches. Once the pool is under pressure, the granules a block covers whole are mapped
 // as one run (one physical allocation and one map call: on a GPU each call costs tens of
 // microseconds however large), unmapped only whole, and no block is placed so that it
-// would take part of a run another block still needs (Note [Runs] in device_pool.cpp).
+// would take part of a run another block still needs (Note [Runs] in granules.cpp).
 // The pool's "reserved" memory is its mapped granules and spare pages; the limit caps it.
 //
 // Blocks are 512-byte aligned and sized in 512-byte units. All blocks, free or not, are
@@ -38,7 +38,7 @@
 // size on S takes it back in O(1). Any other allocation first merges the quick lists into
 // the free index, so best fit always sees every cached block. Neither path makes a CUDA call.
 // While the pool has memory to spare, the quick lists of ordinary blocks are per thread
-// (Note [Thread caches] in device_pool.cpp): a thread's same-stream free and reallocation
+// (Note [Thread caches] in thread_caches.cpp): a thread's same-stream free and reallocation
 // take no pool lock, and two threads share no cache line. Growing
 // maps granules (cuMemCreate + cuMemMap + cuMemSetAccess); at the limit, or when the
 // device is full, the pool unmaps cached granules no block uses, asks the reclaimer for
@@ -307,7 +307,7 @@ class DevicePool {
   // two points of a recorded step (policy/planner.h). Thread-safe.
   uint64_t take_allocated_high();
 
-  // Checks the invariants of device_pool.cpp's opening comment and the counters against
+  // Checks the invariants of pool_impl.h and the counters against
   // what the blocks add up to: "" when all hold, else each broken one ("; "-separated).
   // Walks every block under the lock. Thread-safe.
   std::string check_invariants() const;

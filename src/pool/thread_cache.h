@@ -1,5 +1,5 @@
 // ThreadCache: one thread's cache of one pool's blocks, the pool's hot path. See
-// device_pool.cpp, Note [Thread caches], for the policy; this file is its data structure.
+// thread_caches.cpp, Note [Thread caches], for the policy; this file is its data structure.
 //
 // A cache holds two kinds of blocks, both live in the pool's eyes (the pool counts them as
 // allocated and lends them to the cache):

@@ -1,4 +1,4 @@
-// The pool's thread caches (Note [Thread caches] in src/pool/device_pool.cpp): a thread's
+// The pool's thread caches (Note [Thread caches] in src/pool/thread_caches.cpp): a thread's
 // same-stream free and reallocation of a size go through its own cache; everything else
 // (another thread's free, record_stream, a double free, an exited thread, pressure, the
 // history) finds the pool's rules and refusals exactly as before.

@@ -86,7 +86,7 @@ TEST_F(PlanTest, FollowingAPlanTheNoWaitReclaimStartsNoEvictionBeyondIt) {
   // The forward below starts from an empty cache, so that it needs no page the plan's victim
   // holds: with the last step's blocks cached, where they lie depends on when the copy
   // stream's events completed, and a block that may not take part of a cached run (Note
-  // [Runs] in device_pool.cpp) takes its pages from the victim before the checks below.
+  // [Runs] in granules.cpp) takes its pages from the victim before the checks below.
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
   pool_->empty_cache();
   engine_->graph_begin();

@@ -1,0 +1,186 @@
+// Where a block goes: best fit over the free blocks of the allocating stream's tag and of
+// any stream, the rules of placing for eviction (Note [Placing for eviction] in
+// device_pool.h: closed granules, the open granule of a stream's small offloadable blocks,
+// places that need no new pages), and a released block merged with its free neighbours of
+// the same tag back into the free index.
+#include "pool/pool_impl.h"
+
+namespace vramswap::pool {
+
+DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t stream, bool offloadable,
+                                                     bool aligned, uintptr_t* start, bool strict) {
+  // While placing for eviction, for a small block (below half a granule) a place that
+  // occupies no granule without live blocks comes first, then one on mapped granules: a
+  // small block put at the start of a free range over unmapped granules (or on a cached,
+  // idle granule) pins a page of its own while a hole on an occupied one waits. Those
+  // searches are bounded; then the first fit by size. (A larger block fills most of what it
+  // maps; tried for every size, the benchmark's rows moved both ways, geometric mean of
+  // step/bound 1.076 to 1.081; for small blocks only, 1.072.)
+  const int first_pass = grouping() && size < granularity_ / 2 ? 0 : 2;
+  for (int pass = first_pass; pass < 3; ++pass) {
+    auto acceptable = [&](uintptr_t a) {
+      if (cuts_busy_run(a, size)) return false;
+      if (pass == 2) return true;
+      for (uint64_t g = granule_index(a), last = granule_index(a + size - 1); g <= last; ++g)
+        if (!mapped(g) || (pass == 0 && live_on_[0][g] == 0 && live_on_[1][g] == 0)) return false;
+      return true;
+    };
+    BlockIt best = blocks_.end();
+    uint64_t best_size = UINT64_MAX;
+    size_t looked = 0;
+    for (cudaStream_t tag : {stream, kAnyStream}) {
+      auto it = free_.find(tag);
+      if (it == free_.end()) continue;
+      for (auto fit = it->second.lower_bound({size, 0}); fit != it->second.end() && fit->first < best_size; ++fit) {
+        if (pass < 2 && ++looked > kMappedFitLooks) break;
+        uintptr_t lo = 0, hi = 0;
+        if (!usable_part(fit->second, fit->first, stream, offloadable, strict, &lo, &hi)) continue;
+        if (aligned) lo = round_up(lo, granularity_);
+        // A small offloadable block placed for eviction lies within one granule: fetching it
+        // back then needs one page, not two.
+        else if (offloadable && grouping() && granule_index(lo) != granule_index(lo + size - 1))
+          lo = round_up(lo + 1, granularity_);
+        if (hi <= lo || hi - lo < size) continue;
+        if (!acceptable(lo)) {
+          // The range's last granule may be acceptable where its first is not: the block
+          // goes at the end instead (within one granule, or aligned, as above).
+          const uintptr_t end_start = hi - size;
+          const bool keeps_rules = aligned ? end_start % granularity_ == 0
+                                           : !(offloadable && granule_index(end_start) != granule_index(hi - 1));
+          if (!keeps_rules || !acceptable(end_start)) continue;
+          lo = end_start;
+        }
+        best_size = fit->first;
+        best = blocks_.find(fit->second);
+        *start = lo;
+        break;
+      }
+    }
+    if (best != blocks_.end()) return best;
+  }
+  return blocks_.end();
+}
+
+bool DevicePool::Impl::usable_part(uintptr_t addr, uint64_t size, cudaStream_t stream, bool offloadable,
+                                   bool strict, uintptr_t* lo, uintptr_t* hi) const {
+  // Only the free block's first and last granules can hold live blocks (the rest lie
+  // inside it); a granule closed to this block is left out.
+  *lo = addr;
+  *hi = addr + size;
+  if (strict && closed_to(granule_index(*lo), offloadable, stream))
+    *lo = va_.base() + (granule_index(*lo) + 1) * granularity_;
+  if (strict && *hi > *lo && closed_to(granule_index(*hi - 1), offloadable, stream))
+    *hi = va_.base() + granule_index(*hi - 1) * granularity_;
+  return *hi > *lo;
+}
+
+// Note [Placing on mapped pages]
+// -------------------------------
+// Best fit chooses by size alone. At the limit, the hole it picks is often one whose pages
+// were given up (an evicted block freed, a cached granule unmapped for another request)
+// while a larger cached block still has its pages mapped: the block then maps a fresh
+// granule for each it covers, taking the pages of idle cached ones, which the next
+// request's best fit may pick again. A training step at 90% of its peak so mapped and
+// unmapped ~2,650 granules a step where its evictions moved 288; on a GPU each costs
+// cuMemMap + cuMemSetAccess and cuMemUnmap, on the allocating thread (~40 + 25 us on an idle
+// H100, more on a busy one: cuda/host_time.h). So when a block of half a granule or more
+// cannot be given new pages without taking a cached granule's (pages_scarce), the place
+// needing the fewest new mappings among the free blocks find_fit looks at is compared with
+// best fit's, and taken when it saves at least half the block's granules: a smaller saving
+// is not worth the larger free block it splits (tried with any saving: a replayed LM step
+// spent its cached holes on blocks of a few granules and waited 27 ms more for fetches).
+// Not while a block is away (evicted, not yet back): the fetches that bring it back take
+// the pages of blocks the program's stream freed, which only a synchronization of that
+// stream frees for them, and best fit's places at the limit have the allocation make it
+// (kSynchronizeStream); placed on the mapped pages instead, allocations stopped making it,
+// and fetches waited (GPT-2 small at 75%: first step 131 -> 150 ms; a replayed LM step
+// 154 -> 181 ms). Tried and not kept: promoting large frees (deallocate_to_any's event) so
+// that fetches could take those pages anyway: fetches ahead then filled memory backward
+// needed (VGG-16 at batch 128 and 75%: 1.017 -> 1.175 of the bound).
+// With CUDASIM_HOST_COSTS=h100, `vramswap bench all`'s geometric mean of step/bound went from
+// 3.34 to 3.11 (GPT-2 small at 90%: 4.60 to 2.36, ~2,850 granules mapped and unmapped a step
+// to ~2,130); without host costs 1.0361 to 1.0384 at warm-up 2 (no row within 1.05 of the
+// bound left it; VGG-16 at batch 128 and 75% 1.017 -> 1.044) and 1.0384 to 1.0365 at warm-up 1.
+DevicePool::Impl::BlockIt DevicePool::Impl::find_mapped_fit(uint64_t size, cudaStream_t stream, bool offloadable,
+                                                            bool aligned, uintptr_t* start, bool strict,
+                                                            uint64_t* missing) {
+  BlockIt best = blocks_.end();
+  uint64_t best_missing = UINT64_MAX, best_size = UINT64_MAX;
+  std::vector<uint32_t> unmapped_below;  // per granule of the part looked at: unmapped ones before it
+  for (cudaStream_t tag : {stream, kAnyStream}) {
+    auto it = free_.find(tag);
+    if (it == free_.end()) continue;
+    size_t looked = 0;
+    for (auto fit = it->second.lower_bound({size, 0}); fit != it->second.end() && best_missing > 0; ++fit) {
+      if (++looked > kMappedFitLooks) break;
+      uintptr_t lo = 0, hi = 0;
+      if (!usable_part(fit->second, fit->first, stream, offloadable, strict, &lo, &hi)) continue;
+      if (aligned) lo = round_up(lo, granularity_);
+      if (hi <= lo || hi - lo < size) continue;
+      // No granule at or above mapped_top_ is mapped: a place starting there needs all new.
+      const uint64_t g_lo = granule_index(lo);
+      if (g_lo >= mapped_top_) continue;
+      const uintptr_t last_start = std::min(hi - size, va_.base() + mapped_top_ * granularity_);
+      const uint64_t g_hi = granule_index(last_start + size - 1);
+      unmapped_below.assign(g_hi - g_lo + 2, 0);
+      for (uint64_t g = g_lo; g <= g_hi; ++g)
+        unmapped_below[g - g_lo + 1] = unmapped_below[g - g_lo] + (mapped(g) ? 0 : 1);
+      // The block may start at the part's start or at any granule boundary after it.
+      auto consider = [&](uintptr_t s) {
+        if (cuts_busy_run(s, size)) return;
+        const uint64_t m =
+            unmapped_below[granule_index(s + size - 1) - g_lo + 1] - unmapped_below[granule_index(s) - g_lo];
+        if (m < best_missing || (m == best_missing && fit->first < best_size)) {
+          best_missing = m;
+          best_size = fit->first;
+          best = blocks_.find(fit->second);
+          *start = s;
+        }
+      };
+      consider(lo);
+      for (uintptr_t s = va_.base() + (g_lo + 1) * granularity_; s <= last_start && best_missing > 0;
+           s += granularity_)
+        consider(s);
+    }
+  }
+  *missing = best_missing;
+  return best;
+}
+
+void DevicePool::Impl::count_on_granules(uintptr_t addr, uint64_t size, int row, int delta) {
+  std::vector<uint32_t>& counts = live_on_[row];
+  for (uint64_t g = granule_index(addr), last = granule_index(addr + size - 1); g <= last; ++g) counts[g] += delta;
+}
+
+void DevicePool::Impl::release_block(BlockIt b, cudaStream_t tag, uint64_t serial) {
+  b->second.state = State::kFree;
+  b->second.owner = nullptr;
+  b->second.tag = tag;
+  b->second.also_on.clear();
+  if (b->second.away) --away_blocks_;
+  b->second.away = false;  // a free block's contents are no one's
+  // Every release to a stream gets a fresh serial, and a merged block carries the latest:
+  // only that release's promotion event (the latest on the stream, so it covers the
+  // others) may hand it to any stream. A release with no promotion thus blocks older ones.
+  b->second.serial = tag == kAnyStream ? 0 : serial != 0 ? serial : ++next_serial_;
+  if (b != blocks_.begin()) {
+    auto prev = std::prev(b);
+    if (prev->second.state == State::kFree && prev->second.tag == tag) {
+      index_erase(prev);
+      prev->second.size += b->second.size;
+      prev->second.serial = std::max(prev->second.serial, b->second.serial);
+      blocks_.erase(b);
+      b = prev;
+    }
+  }
+  auto next = std::next(b);
+  if (next != blocks_.end() && next->second.state == State::kFree && next->second.tag == tag) {
+    index_erase(next);
+    b->second.size += next->second.size;
+    b->second.serial = std::max(b->second.serial, next->second.serial);
+    blocks_.erase(next);
+  }
+  index_insert(b);
+}
+
+}  // namespace vramswap::pool

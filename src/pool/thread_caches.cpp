@@ -1,0 +1,130 @@
+// The hot path's per-thread caches: the policy (Note [Thread caches]) and the pool's side of
+// it (registration, lending, emptying, turning the caches off). The cache itself is
+// thread_cache.h.
+#include "pool/pool_impl.h"
+
+namespace vramswap::pool {
+namespace detail {
+
+thread_local ThreadCaches* tls_caches = nullptr;
+thread_local bool tls_caches_gone = false;
+std::atomic<uint64_t> next_pool_id{1};
+
+}  // namespace detail
+
+namespace {
+
+// Runs at the thread's exit once own_cache_or_make() touched it: marks its caches orphaned.
+struct ThreadCachesReaper {
+  bool armed = false;
+  ~ThreadCachesReaper() {
+    tls_caches_gone = true;
+    if (tls_caches == nullptr) return;
+    for (auto& [id, cache] : tls_caches->entries) cache->orphaned.store(true, std::memory_order_release);
+    delete std::exchange(tls_caches, nullptr);
+  }
+};
+thread_local ThreadCachesReaper tls_reaper;
+
+}  // namespace
+
+// Note [Thread caches]
+// --------------------
+// The hot path (an allocation of a size the thread freed before, on the same stream) takes
+// no pool lock. Each thread has a cache per pool (thread_cache.h) to which the pool *lends*
+// the ordinary blocks the thread allocates: the pool still counts them allocated (live, with
+// their granules), and the cache knows each one's size and stream. The thread's free of a
+// lent block on its own stream moves it to the cache's list for (stream, size), the thread's
+// next allocation of that size on that stream takes it back: each with the cache's own lock,
+// which no other thread takes unless the pool asks, so threads share no cache line. These
+// are exactly the quick lists' rules (Note [The pool] in device_pool.h), per thread: at most
+// kQuickPerSize blocks per (stream, size), the last freed first; the thread's first
+// allocation that its cache cannot serve empties the cache into the free index (with the
+// pool's quick lists), so that best fit sees its cached blocks. What the caches hold,
+// counted in statistics, is subtracted from the pool's allocated bytes when read.
+//
+// Everything else goes through the pool under its mutex as before: a free on another stream,
+// or of a block another thread allocated (the pool takes it back from that thread's cache:
+// disown), record_stream (the block goes back to the pool), offloadable blocks, the free of
+// a block the cache has no room for (released, as a full quick list releases it). A free of
+// a block cached by some thread is a double free and is refused, as ever.
+//
+// Caches are an optimization for a pool with memory to spare: once the pool places for
+// eviction (grouping()), remaps pages, records its history, or would reach half its limit,
+// caches_off() empties every cache and the pool never lends again; its placement rules,
+// pressure measures and records then see every block as they always did. A single thread
+// gets the same blocks in the same places as from the pool's quick lists; with several
+// threads, a thread's cached blocks are seen by best fit only once it misses (or under
+// pressure), and the peak of allocated bytes may count other threads' cached blocks as
+// allocated (it never misses a peak).
+ThreadCache* DevicePool::Impl::own_cache_or_make() {
+  if (ThreadCache* c = own_cache()) return c;
+  if (tls_caches_gone) return nullptr;  // the thread is exiting
+  tls_reaper.armed = true;              // constructs it: its destructor runs at the thread's exit
+  if (tls_caches == nullptr) tls_caches = new ThreadCaches;
+  auto cache = std::make_shared<ThreadCache>();
+  auto& entries = tls_caches->entries;
+  std::erase_if(entries, [](const auto& e) { return e.second->dead.load(std::memory_order_acquire); });
+  entries.emplace_back(id_, cache);
+  caches_.push_back(cache);
+  return cache.get();
+}
+
+uint64_t DevicePool::Impl::cached_in_threads() const {
+  uint64_t bytes = 0;
+  for (const auto& c : caches_) {
+    c->lock();
+    bytes += c->cached_bytes;
+    c->unlock();
+  }
+  return bytes;
+}
+
+void DevicePool::Impl::empty_thread_cache(ThreadCache& c, bool disown) {
+  c.lock();
+  c.drain_cached([&](uintptr_t addr, uint64_t rounded, cudaStream_t stream) {
+    BlockIt b = blocks_.find(addr);
+    allocated_ -= rounded;
+    count_on_granules(addr, rounded, 0, -1);
+    release_block(b, stream);
+  });
+  if (disown) {
+    c.drain_live([&](uintptr_t addr) { blocks_.find(addr)->second.owner = nullptr; });
+    num_allocs_ += std::exchange(c.allocs, 0);
+    num_cache_hits_ += std::exchange(c.hits, 0);
+    num_frees_ += std::exchange(c.frees, 0);
+  }
+  c.unlock();
+}
+
+void DevicePool::Impl::lend(void* p, uint64_t rounded, cudaStream_t stream) {
+  ThreadCache* c = own_cache_or_make();
+  if (c == nullptr) return;  // the thread is exiting: the block stays the pool's
+  c->lock();
+  c->add_live(reinterpret_cast<uintptr_t>(p), rounded, stream);
+  c->unlock();
+  blocks_.find(reinterpret_cast<uintptr_t>(p))->second.owner = c;
+}
+
+void DevicePool::Impl::caches_off() {
+  caches_on_.store(false, std::memory_order_release);
+  for (auto& c : caches_) {
+    empty_thread_cache(*c, true);
+    c->dead.store(true, std::memory_order_release);  // its thread drops it at its next registration
+  }
+  caches_.clear();
+}
+
+void DevicePool::Impl::reap_orphans() {
+  for (size_t i = 0; i < caches_.size();) {
+    if (!caches_[i]->orphaned.load(std::memory_order_acquire)) {
+      ++i;
+      continue;
+    }
+    empty_thread_cache(*caches_[i], true);
+    caches_[i] = std::move(caches_.back());
+    caches_.pop_back();
+  }
+}
+
+}  // namespace vramswap::pool
