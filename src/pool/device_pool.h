@@ -84,7 +84,7 @@
 // added, each of them needed (without any one it runs out of memory). With no limit both
 // peak as untagged; the simulated benchmark rows are unchanged.
 // (The engine fetches a shared granule's evicted blocks together: Note [A shared granule
-// comes back whole] in engine.cpp.) Not done: ordinary blocks that live long (gradients,
+// comes back whole] in engine_copies.cpp.) Not done: ordinary blocks that live long (gradients,
 // optimizer state allocated in the first backward) still pin granules they share with
 // saved ones once placed there by the last-resort rule.
 //

@@ -172,7 +172,7 @@ class Engine {
   // call it where that is acceptable, as empty_cache). Thread-safe.
   void trim_host();
 
-  // Checks the invariants of engine.cpp's opening comment and the counters against what the
+  // Checks the invariants of engine_impl.h's opening comment and the counters against what the
   // blocks add up to: "" when all hold, else each broken one. Thread-safe.
   std::string check_invariants() const;
 

@@ -345,7 +345,7 @@ TEST_F(EngineTest, ACleanBlockReleasedOrFreedGivesItsHostCopyBack) {
   ASSERT_TRUE(engine_->free_tagged(blocks[2], stream_).ok);
 }
 
-// Note [Fetch ahead] (engine.cpp): with the window on resident blocks and no fetch in
+// Note [Fetch ahead] (engine_copies.cpp): with the window on resident blocks and no fetch in
 // flight, an unpack fetches the nearest evicted block past the window into memory that is
 // free below the soft limit, and nothing when that would pass the soft limit.
 class FetchAhead : public EngineTest, public ::testing::WithParamInterface<bool> {};

@@ -1,0 +1,307 @@
+// The engine's copies: an eviction's copy to the host once the block is cold, fetches back
+// (ahead of use, as the plan says, or on demand at unpack), the blocks sharing a granule
+// that leave and come back together, and completing the copies in flight (a block whose
+// copy out landed is clean; its pages go only when memory is needed).
+#include "residency/engine_impl.h"
+
+namespace vramswap::residency {
+
+bool Engine::Impl::start_eviction(uint32_t slot) {
+  Slot& s = slots_[slot];
+  if (s.requested > host_.limit_bytes()) {
+    host_refusal_ = "block " + hex(s.addr) + " (" + format_size(s.requested) +
+                    ") is larger than the host tier's limit (VRAMSWAP_HOST_LIMIT, " + format_size(host_.limit_bytes()) +
+                    "): it can never be evicted";
+    return false;
+  }
+  std::string error;
+  void* host = host_.allocate(s.requested, &error);
+  if (!host) {
+    host_refusal_ = "no pinned host memory for block " + hex(s.addr) + " (" + format_size(s.requested) + "): " + error;
+    return false;
+  }
+  cuda::Event copied;
+  bool queued = false;
+  try {
+    copied = events_.acquire();
+    cuda::wait_event(d2h_.get(), s.cold_event);
+    // A few copies of each recorded step are timed: the copy rate the plan needs.
+    const bool timing = recorder_.active() && timed_copies_.size() < kTimedCopies && s.requested >= (1u << 20);
+    cuda::Event t0, t1;
+    if (timing) {
+      t0 = timed_.acquire();
+      t0.record(d2h_.get());
+    }
+    cuda::copy_async(host, reinterpret_cast<void*>(s.addr), s.requested, d2h_.get());
+    queued = true;
+    copied.record(d2h_.get());
+    if (timing) {
+      t1 = timed_.acquire();
+      t1.record(d2h_.get());
+      timed_copies_.push_back({std::move(t0), std::move(t1), s.requested});
+    }
+  } catch (const cuda::CudaError& e) {
+    // Nothing left the device: the block stays resident and cold. Its host buffer goes back
+    // once nothing queued can write it any more.
+    if (copied) events_.release(std::move(copied));
+    if (queued) deferred_.push_back({host, cuda::Event(), d2h_.get()});
+    else host_.free(host);
+    throw;
+  }
+  s.copy_event = std::move(copied);
+  s.host = host;
+  s.cancel = false;
+  s.residency = Residency::kEvicting;
+  s.copy_seq = ++copy_seq_;
+  in_flight_.push_back(slot);
+  st_.in_flight_bytes += s.placed;
+  update_peaks();
+  debug("copy out started", s);
+  return true;
+}
+
+// Note [Fetch ahead]
+// ------------------
+// Backward starts with the blocks saved last, which are resident; the window (the next
+// `horizon` blocks) reaches the first evicted one only later, so under heavy eviction the
+// H2D engine idled for the first part of backward while backward was freeing memory.
+// When no fetch is in flight, the nearest evicted block past the window is fetched into
+// memory that is free now, below the soft limit: one at a time, so that it keeps the copy
+// engine busy without filling memory ahead of backward's own allocations.
+void Engine::Impl::fetch_ahead() {
+  const uint64_t soft = soft_limit();
+  order_.each_after_cursor([&](uint32_t next) {
+    const Slot& n = slots_[next];
+    if (n.residency != Residency::kEvicted) return true;
+    if (pool_.stats().mapped_bytes + n.placed <= soft && start_fetch(next, Fetch::kAhead).ok) ++st_.num_prefetches;
+    return false;
+  });
+}
+
+Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream) {
+  Slot& s = slots_[slot];
+  using MapWait = pool::DevicePool::MapWait;
+  void* const addr = reinterpret_cast<void*>(s.addr);
+  pool::Result mapped;
+  if (s.pages_kept) kind = Fetch::kKept;
+  switch (kind) {
+    case Fetch::kKept:  // a failed fetch left the pages mapped: nothing to map
+      s.pages_kept = false;
+      break;
+    case Fetch::kAhead:
+      mapped = pool_.map_block(addr, MapWait::kNone);
+      break;
+    case Fetch::kHint:
+      mapped = pool_.map_block(addr, MapWait::kPendingFrees);
+      break;
+    case Fetch::kPlanned:  // the plan says the memory is there: the caller's stream's cache too
+      mapped = pool_.map_block(addr, MapWait::kStream, stream);
+      break;
+    case Fetch::kPrefetch:
+      // Never synchronizes the device: memory free at once or freed behind an event (a tagged
+      // block freed by backward), waiting for that event; else clean blocks needed later.
+      mapped = pool_.map_block(addr, MapWait::kPendingFrees);
+      if (!mapped.ok && make_room(s.placed, slot) > 0) mapped = pool_.map_block(addr, MapWait::kPendingFrees);
+      break;
+    case Fetch::kNeeded:
+      mapped = pool_.map_block(addr, MapWait::kSynchronize);
+      if (!mapped.ok) {
+        reclaim_locked(s.placed, ReclaimMode::kFull, slot);
+        mapped = pool_.map_block(addr, MapWait::kSynchronize);
+      }
+      break;
+  }
+  if (!mapped.ok) {
+    // Needed now and refused for want of memory: the program's out-of-memory (the caller
+    // raises it as one), counted as the pool counts its own.
+    const bool out_of_memory = kind == Fetch::kNeeded && mapped.out_of_memory;
+    if (out_of_memory) pool_.count_out_of_memory();
+    return {false,
+            "cannot bring block " + hex(s.addr) + " (" + format_size(s.placed) + ") back to the device: " +
+                mapped.message,
+            out_of_memory};
+  }
+  void* check = nullptr;
+  cuda::Event copied;
+  try {
+    copied = events_.acquire();
+    cuda::copy_async(addr, s.host, s.requested, h2d_.get());
+    if (options_.verify) {
+      // Read the restored block back before anyone can use it (readers wait for the event
+      // recorded after this): a later check would see the program's own writes.
+      std::string error;
+      check = host_.allocate(s.requested, &error);
+      if (check) cuda::copy_async(check, addr, s.requested, h2d_.get());
+    }
+    copied.record(h2d_.get());
+  } catch (const cuda::CudaError& e) {
+    // The block stays on the host, unmapped as it was, so that a later call can try again.
+    if (copied) events_.release(std::move(copied));
+    const bool quiet = cuda::synchronize_stream(h2d_.get());
+    if (check) {
+      if (quiet) host_.free(check);
+      else deferred_.push_back({check, cuda::Event(), h2d_.get()});
+    }
+    // Unmapped again once no copy can touch the pages; else they stay, and the next fetch
+    // uses them as they are.
+    bool partly = false;
+    if (!quiet || (!pool_.unmap_block(addr, &partly).ok && !partly)) s.pages_kept = true;
+    return {false, "cannot bring block " + hex(s.addr) + " back to the device: " + e.what() +
+                       "; it stays on the host (a later unpack tries again)"};
+  }
+  static constexpr const char* kWhy[] = {"fetch started (needed now: a fault)", "fetch started (prefetch window)",
+                                         "fetch started (ahead of the window)", "fetch started (hint)",
+                                         "fetch started (planned)", "fetch started (pages kept)"};
+  debug(kWhy[int(kind)], s);
+  s.copy_event = std::move(copied);
+  s.check = check;
+  s.residency = Residency::kFetching;
+  in_flight_.push_back(slot);
+  st_.in_flight_bytes += s.placed;
+  st_.bytes_prefetched_total += s.requested;
+  if (kind != Fetch::kAhead) fetch_granule_mates(slot);
+  return {};
+}
+
+// Note [A shared granule goes as a whole]
+// ----------------------------------------
+// Evicting one small block of a shared granule frees nothing while another block on it is
+// in use: make_room counted its bytes as covered anyway, stopped short, and copied out
+// blocks whose pages stayed. A small victim now takes its granule with it: when every other
+// tagged block on the granules it touches is evictable (cold, outside the window), away,
+// leaving, or copied out (clean: dropped with the others), and no ordinary block lives
+// there, all the evictable ones start their copies together and the granules' bytes count
+// as covered; otherwise none moves (the granule is not a victim yet) and the next
+// candidate is looked at.
+uint64_t Engine::Impl::evict_granule(uint32_t slot, const std::set<uint32_t>& window) {
+  const Slot& s = slots_[slot];
+  if (pool_.shares_granule_with_ordinary(reinterpret_cast<void*>(s.addr))) return 0;
+  uintptr_t lo, hi;
+  granule_span(s, &lo, &hi);
+  std::vector<uint32_t> group;
+  // A block starting before `lo` may run onto it: start the walk at the one before.
+  auto it = by_addr_.lower_bound(lo);
+  if (it != by_addr_.begin()) --it;
+  for (; it != by_addr_.end() && it->first < hi; ++it) {
+    const Slot& m = slots_[it->second];
+    if (!m.live || m.addr + m.placed <= lo) continue;
+    if (evictable(it->second, window)) {
+      group.push_back(it->second);
+    } else if (!(m.residency == Residency::kEvicted || (m.residency == Residency::kEvicting && !m.cancel) ||
+                 (m.residency == Residency::kClean && !window.count(it->second)))) {
+      return 0;  // in use, in the window or fetching: the page stays
+    }
+  }
+  for (uint32_t m : group)
+    if (!start_eviction(m)) return 0;  // the host tier is full: what started frees later
+  return hi - lo;
+}
+
+// Note [A shared granule comes back whole]
+// ----------------------------------------
+// Small tagged blocks saved one after another share granules (Note [Placing for eviction]
+// in device_pool.h); a granule's pages go only when all of them are away, so they leave
+// together, and backward needs them back together. When the first of them is fetched the
+// granule is mapped for it anyway: the others' copies start with it (as fetches ahead:
+// kAhead maps nothing new, and they are counted as prefetches), so that backward finds them
+// on their way instead of faulting one by one. A block that runs onto a granule the fetch did
+// not map waits for its own fetch.
+void Engine::Impl::fetch_granule_mates(uint32_t slot) {
+  const Slot& s = slots_[slot];
+  if (!shares_granules(s)) return;
+  // Fetched early, the others hold the granule until the last of them is used, where alone
+  // it would go between their uses: only below the soft limit, as fetches ahead.
+  if (pool_.stats().mapped_bytes > soft_limit()) return;
+  uintptr_t lo, hi;
+  granule_span(s, &lo, &hi);
+  std::vector<uint32_t> mates;
+  for (auto it = by_addr_.lower_bound(lo); it != by_addr_.end() && it->first < hi; ++it) {
+    const Slot& m = slots_[it->second];
+    if (it->second != slot && m.live && m.residency == Residency::kEvicted && !m.pages_kept && m.addr + m.placed <= hi)
+      mates.push_back(it->second);
+  }
+  for (uint32_t m : mates)
+    if (start_fetch(m, Fetch::kAhead).ok) ++st_.num_prefetches;
+}
+
+void Engine::Impl::finish(uint32_t slot) {
+  Slot& s = slots_[slot];
+  st_.in_flight_bytes -= s.placed;
+  const bool planned = s.planned;
+  s.planned = false;
+  if (s.residency == Residency::kEvicting) {
+    if (s.cancel) {  // wanted again before the copy ended: it never left
+      host_.free(s.host);
+      s.host = nullptr;
+      s.residency = Residency::kResident;
+      debug("eviction cancelled (used again before its copy landed)", s);
+    } else {  // clean: its pages go when memory is needed (drop)
+      if (options_.verify) s.checksum = checksum(s.host, s.requested);
+      if (planned) st_.planned_bytes_d2h += s.requested;
+      s.residency = Residency::kClean;
+      debug(planned ? "copied out, clean (a planned victim)" : "copied out, clean", s);
+      st_.clean_bytes += s.placed;
+      st_.bytes_evicted_total += s.requested;
+      ++st_.num_evictions;
+    }
+  } else {  // a fetch
+    if (s.check) {
+      // The readback queued behind the fetch (start_fetch) has landed with it.
+      const uint64_t got = checksum(s.check, s.requested);
+      host_.free(s.check);
+      s.check = nullptr;
+      if (got != s.checksum) {
+        ++st_.num_verify_failures;
+        stats::log_always(stats::LogLevel::kError,
+                          ("VRAMSWAP_VERIFY: block " + hex(s.addr) + " (" + std::to_string(s.requested) +
+                           " bytes) on device " + std::to_string(device_) +
+                           " came back different from what was evicted (checksum " + hex(got) + ", expected " +
+                           hex(s.checksum) + ")")
+                              .c_str());
+      }
+    }
+    host_.free(s.host);
+    s.host = nullptr;
+    s.residency = Residency::kResident;
+    st_.evicted_bytes -= s.placed;
+    debug("fetch landed, resident", s);
+  }
+  events_.release(std::move(s.copy_event));
+}
+
+void Engine::Impl::complete_copies(bool wait) {
+  drop_deferred(wait);
+  for (size_t i = 0; i < in_flight_.size();) {
+    const uint32_t slot = in_flight_[i];
+    Slot& s = slots_[slot];
+    if (wait) s.copy_event.synchronize();
+    else if (!s.copy_event.query()) {
+      ++i;
+      continue;
+    }
+    in_flight_[i] = in_flight_.back();
+    in_flight_.pop_back();
+    finish(slot);
+  }
+}
+
+void Engine::Impl::drop_deferred(bool wait) {
+  for (size_t i = 0; i < deferred_.size();) {
+    Deferred& d = deferred_[i];
+    // Without an event, a call that must not wait only asks whether the stream is idle: a
+    // synchronization here made every engine call wait for the whole fetch queue behind a
+    // freed block's VRAMSWAP_VERIFY readback.
+    const bool done = d.event ? (wait ? (d.event.synchronize(), true) : d.event.query())
+                              : (wait ? cuda::synchronize_stream(d.stream) : cuda::stream_done(d.stream));
+    if (!done) {
+      ++i;
+      continue;
+    }
+    host_.free(d.host);
+    if (d.event) events_.release(std::move(d.event));
+    deferred_[i] = std::move(deferred_.back());
+    deferred_.pop_back();
+  }
+}
+
+}  // namespace vramswap::residency

@@ -1,0 +1,373 @@
+// Engine::Impl: the eviction engine's state and what its .cpp files share. Private to
+// src/residency; engine.h is the interface and holds the states and rules (Note [Block
+// states]); the order of use is policy/use_order.h, the plan policy/planner.h.
+//
+// The engine's mechanics, one concept per file:
+//   engine.cpp          the tracker protocol: tagged allocations and frees, pack, mark_cold,
+//                       unpack, release, prefetch
+//   engine_copies.cpp   copies: an eviction's copy out, fetches (ahead of use, planned,
+//                       on demand), shared granules, completing copies
+//   engine_reclaim.cpp  giving memory back: victims, dropping clean blocks, making room,
+//                       the pool's reclaimer, the soft watermark, the pressure report
+//   engine_steps.cpp    recording steps and following their plan (policy/step_recorder.h)
+//   engine_inspect.cpp  statistics, peaks, check_invariants
+//
+// Invariants:
+//   * a slot is live iff its block is a live tagged block of the pool; by_addr_ maps the
+//     block's address to it;
+//   * residency kClean / kEvicted / kFetching <=> the block has a host copy (host !=
+//     nullptr); kEvicted <=> it has no pages; kEvicting <=> a D2H copy into `host` is in
+//     flight; kClean: the copy landed and the pages are still mapped (both copies valid);
+//   * a block is in order_ iff packs > 0, under `key`;
+//   * in_flight_ lists exactly the slots in kEvicting or kFetching.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "config/units.h"
+#include "cuda/error.h"
+#include "cuda/event.h"
+#include "cuda/stream.h"
+#include "policy/step_recorder.h"
+#include "policy/use_order.h"
+#include "residency/engine.h"
+#include "stats/log.h"
+
+namespace vramswap::residency {
+namespace detail {
+
+using ReclaimMode = pool::DevicePool::ReclaimMode;
+
+enum class Residency { kResident, kEvicting, kClean, kEvicted, kFetching };
+
+struct Slot {
+  bool live = false;
+  uint32_t generation = 1;
+  uintptr_t addr = 0;
+  uint64_t placed = 0;     // as the pool placed it (DevicePool::placed_size)
+  uint64_t requested = 0;  // what the program asked for: the bytes that are copied
+  Residency residency = Residency::kResident;
+  int packs = 0;
+  policy::UseKey key;
+  bool cold = false;
+  bool unpacked = false;
+  bool cancel = false;  // an eviction in flight whose result is no longer wanted
+  cuda::Event cold_event;
+  cudaStream_t cold_stream = nullptr;  // where cold_event was recorded
+  cuda::Event copy_event;
+  void* host = nullptr;
+  void* check = nullptr;  // VRAMSWAP_VERIFY: the restored block read back, behind its fetch
+  bool pages_kept = false;  // evicted, but a failed fetch could not give its pages back
+  uint64_t checksum = 0;
+  uint32_t step_block = policy::kNoPoint;  // its ordinal in the step being recorded
+  bool planned = false;                    // its eviction in flight is the plan's
+  uint64_t copy_seq = 0;                   // the order in which its copy in flight was queued
+};
+
+// A host buffer that must outlive a copy still in flight (its block was freed, or queuing
+// the rest of its work failed). With no event, it goes back once the copy stream has no
+// work left (or after synchronizing it, when the caller waits for everything).
+struct Deferred {
+  void* host;
+  cuda::Event event;
+  cudaStream_t stream = nullptr;
+};
+
+constexpr int kDeviceShift = 56;
+constexpr int kSlotShift = 32;
+constexpr uint64_t kSlotMask = (uint64_t{1} << 24) - 1;
+
+// FNV-1a over 64-bit words (and the tail bytes): cheap enough for a debug mode, and any
+// changed byte changes it with overwhelming probability.
+inline uint64_t checksum(const void* data, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+inline std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace detail
+using namespace detail;  // this header is the engine's own: its files use these unqualified
+
+class Engine::Impl {
+ public:
+  Impl(pool::DevicePool& pool, const EngineOptions& options);
+
+  void* allocate_tagged(size_t size, cudaStream_t stream, std::string* error);
+  bool is_tagged(const void* ptr) const {
+    std::lock_guard lock(tagged_mu_);  // not mu_: a free must not wait behind a reclaim
+    return tagged_.count(reinterpret_cast<uintptr_t>(ptr)) == 1;
+  }
+  std::string pressure_report();
+  pool::Result free_tagged(void* ptr, cudaStream_t stream);
+  uint64_t pack(const void* ptr, cudaStream_t stream);
+  void graph_begin() {
+    std::lock_guard lock(mu_);
+    ++graph_;
+    if (st_.num_tracked_blocks == 0) begin_step();
+    note_point(policy::PointKind::kGraph, policy::kNoPoint, 0);
+  }
+  Status mark_cold(uint64_t handle, cudaStream_t stream);
+  Status unpack(uint64_t handle, cudaStream_t stream);
+  Status release(uint64_t handle);
+  Status prefetch(uint64_t handle);
+  uint64_t reclaim(uint64_t bytes, ReclaimMode mode, cudaStream_t stream) {
+    probe_cold(stream);
+    cuda::RelaxedCaptureScope relaxed;
+    std::lock_guard lock(mu_);
+    if (mode == ReclaimMode::kFull && recorder_.active()) {
+      // The pool's own measures did not suffice: what it would own now with nothing evicted
+      // (the limit it is at, what it still lacks, the evicted blocks) is the step's real
+      // demand here, the pool's overhead included. Following a plan, the plan fell short.
+      const uint64_t unmapped = st_.evicted_bytes - std::min(st_.evicted_bytes, in_flight_bytes(Residency::kFetching));
+      recorder_.pressure(pool_.stats().limit_bytes + bytes + unmapped);
+      if (recorder_.following()) {
+        const uint64_t leaving = in_flight_bytes(Residency::kEvicting);
+        recorder_.waited(bytes, leaving);
+        stats::log(stats::LogLevel::kDebug,
+                   "device %d: following the plan, an allocation waits for %llu bytes (%llu under way)", device_,
+                   static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(leaving));
+      }
+    }
+    const uint64_t before = unmapped_total_;
+    host_refusal_.clear();  // the report of an out-of-memory after this says this round's reason
+    try {
+      return reclaim_locked(bytes, mode);
+    } catch (const std::exception& e) {
+      // The allocation that asked goes on with what was freed (its out-of-memory report, if
+      // it comes to that, says why eviction stopped); every step was undone or completed.
+      host_refusal_ = std::string("eviction failed: ") + e.what();
+      stats::log(stats::LogLevel::kWarn, "reclaiming memory on device %d failed: %s", device_, e.what());
+      return unmapped_total_ - before;
+    }
+  }
+  // Asks the tracker's probe (EngineOptions::cold_probe) to mark what went cold since it
+  // last looked, before victims are chosen. Not under mu_ (the probe calls mark_cold), and
+  // never from within the probe (an allocation it makes may come back here).
+  void probe_cold(cudaStream_t stream) {
+    static thread_local bool probing = false;
+    if (!options_.cold_probe || probing) return;
+    probing = true;
+    try {
+      const uint64_t marked = options_.cold_probe(stream == pool::any_stream() ? nullptr : stream);
+      if (marked > 0)
+        stats::log(stats::LogLevel::kDebug, "device %d: memory is short: the tracker marked %llu block(s) cold",
+                   device_, static_cast<unsigned long long>(marked));
+    } catch (...) {
+      // The probe is the tracker's: a failure there leaves blocks in use, which is safe.
+    }
+    probing = false;
+  }
+  EngineStats stats();
+  std::string check_invariants();
+  void reset_peaks();
+  void detach() { pool_.set_reclaimer(nullptr); }
+  void trim_host() {
+    std::lock_guard lock(mu_);
+    complete_copies(false);
+    host_.trim();
+  }
+
+ private:
+  // The slot a handle names, or nullptr with *error set.
+  Slot* resolve(uint64_t handle, const char* what, std::string* error);
+  uint64_t handle_of(uint32_t slot) const {
+    return (uint64_t(device_) << kDeviceShift) | (uint64_t(slot) << kSlotShift) | slots_[slot].generation;
+  }
+  static uint32_t slot_of(uint64_t handle) { return uint32_t((handle >> kSlotShift) & kSlotMask); }
+  // Records a block the pool placed (`placed` bytes) for an allocation of `size` bytes
+  // (the strong guarantee: on an exception nothing is recorded).
+  void register_block(void* p, size_t size, uint64_t placed);
+  // Work a call does for later, after its own succeeded: landed copies, soft eviction.
+  // A failure is logged, never returned: the call's result stands.
+  void background(const char* after);
+  // A block below half a granule shares its granules with others (Note [Placing for
+  // eviction] in device_pool.h); [*lo, *hi): the granules it touches.
+  bool shares_granules(const Slot& s) const { return s.placed < pool_.granularity() / 2; }
+  void granule_span(const Slot& s, uintptr_t* lo, uintptr_t* hi) const {
+    const uint64_t g = pool_.granularity();
+    *lo = s.addr / g * g;
+    *hi = round_up(s.addr + s.placed, g);
+  }
+  // The soft limit in bytes: the limit when none is set.
+  uint64_t soft_limit() const {
+    return options_.soft_limit_bytes > 0 ? options_.soft_limit_bytes : pool_.stats().limit_bytes;
+  }
+  bool evictable(uint32_t slot, const std::set<uint32_t>& window) const {
+    const Slot& s = slots_[slot];
+    return s.live && s.residency == Residency::kResident && s.cold && !s.unpacked && !window.count(slot);
+  }
+  std::set<uint32_t> window_set() const {
+    auto w = order_.window(options_.horizon);
+    return {w.begin(), w.end()};
+  }
+  // A clean block the prefetch window keeps: not one the plan being followed wants out now
+  // (the window is the reactive policy's; following, it stands aside for the plan's victims,
+  // else the reactive policy evicts a block the plan keeps in a victim's place).
+  bool kept_clean(uint32_t slot, const std::set<uint32_t>& window) const {
+    return window.count(slot) && !recorder_.planned_out(slots_[slot].step_block);
+  }
+  // Starts the D2H copy of a cold resident block. False when the host tier is full.
+  bool start_eviction(uint32_t slot);
+  // How a fetch finds memory. kNeeded (a fault, a release): evicts others, waiting, when
+  // memory is short. kPrefetch (the window): memory free now or behind pending frees'
+  // events, else clean blocks needed later; it starts evictions for next time but never
+  // waits for them. kAhead (past the window): memory free now only; nothing is given up.
+  // kHint (vramswap_prefetch, and a planned fetch retried): memory free now or behind pending
+  // frees' events; nothing is given up or evicted for it. kPlanned (a planned fetch at its
+  // own point): as kHint, and the caller's stream may be synchronized so that the blocks it
+  // freed become usable.
+  // kKept: the pages are still mapped (Slot::pages_kept).
+  enum class Fetch { kNeeded, kPrefetch, kAhead, kHint, kPlanned, kKept };
+  // Maps the block's pages again and starts the H2D copy. `stream` (kPlanned only): the
+  // caller's stream, which the pool may synchronize for the memory.
+  Status start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream = nullptr);
+  // make_room's victim `slot`, a small block: evicts it with every evictable block on its
+  // granules when that frees them (every other tagged block there is away or leaving, no
+  // ordinary block lives there), and returns the bytes that will free; else evicts nothing
+  // and returns 0 (Note [A shared granule goes as a whole]).
+  uint64_t evict_granule(uint32_t slot, const std::set<uint32_t>& window);
+  // After a fetch of a small block (below half a granule: it shares its granule) started:
+  // starts the fetches of the evicted blocks that lie wholly on the granules it needed, now
+  // mapped for it (Note [A shared granule comes back whole]).
+  void fetch_granule_mates(uint32_t slot);
+  // With no fetch in flight: the next evicted block past the window, if memory below the
+  // soft limit is free for it now (nothing is given up or waited for). See Note [Fetch ahead].
+  void fetch_ahead();
+  // Completes copies whose events completed (all of them, waiting, with `wait`).
+  void complete_copies(bool wait);
+  void finish(uint32_t slot);
+  // The bytes of the copies under way in one direction (kEvicting: those not cancelled).
+  uint64_t in_flight_bytes(Residency direction) const {
+    uint64_t n = 0;
+    for (uint32_t slot : in_flight_) {
+      const Slot& s = slots_[slot];
+      if (s.residency == direction && !(direction == Residency::kEvicting && s.cancel)) n += s.placed;
+    }
+    return n;
+  }
+  // One line at VRAMSWAP_LOG=debug: what happened to block `s` (a cold mark, a copy either
+  // way, a drop, an unpack's outcome).
+  void debug(const char* what, const Slot& s) const {
+    if (stats::log_enabled(stats::LogLevel::kDebug))
+      stats::log(stats::LogLevel::kDebug, "device %d: block %s (%s): %s", device_, hex(s.addr).c_str(),
+                 format_size(s.requested).c_str(), what);
+  }
+  // A clean block becomes plainly resident: its host copy is not needed any more.
+  void forget_host_copy(Slot& s) {
+    host_.free(s.host);
+    s.host = nullptr;
+    s.residency = Residency::kResident;
+    st_.clean_bytes -= s.placed;
+  }
+  // Starts evictions of Belady victims until `bytes` more are on their way out; returns the
+  // bytes started. With `window_too`, blocks kept for the prefetch window are victims as
+  // well (reclaim's last resort).
+  uint64_t start_victims(uint64_t bytes, uint32_t except, bool window_too = false);
+  // Unmaps clean blocks, needed furthest away first, until `bytes` were freed; returns the
+  // bytes freed. `window_too` as for start_victims.
+  uint64_t drop_clean(uint64_t bytes, uint32_t except, bool window_too = false);
+  // Belady's rule over clean and evictable blocks together: from the block needed furthest
+  // away, drops clean blocks (at once) and starts the eviction of evictable ones, until
+  // those and the evictions in flight make `bytes`. Returns the bytes freed now (dropped).
+  uint64_t make_room(uint64_t bytes, uint32_t except, bool window_too = false);
+  // Waits for the evictions under way one at a time, in the order they were queued (the order
+  // the copy engine runs them), giving up blocks as they land clean (drop_clean), until
+  // `bytes` have been freed. Waiting for all of them, an allocation that needed one block's
+  // room waited for every planned eviction queued ahead (38 ms of copies on gpt-small-v10k
+  // at 75%).
+  void await_evictions(uint64_t bytes, uint32_t except, bool window_too);
+  // Gives up a clean block's pages (it becomes evicted); returns the bytes unmapped, which
+  // leave out granules it shares with blocks still in use. Throws cuda::CudaError when
+  // nothing could be unmapped.
+  uint64_t drop(uint32_t slot);
+  // Frees at least `bytes` of device memory as Engine::reclaim. Returns the bytes freed.
+  uint64_t reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t except = UINT32_MAX);
+
+  void maybe_soft_evict();
+  // Note [Recording and following a step] (policy/step_recorder.h): a new step, a point of
+  // it (then the plan's fetches due after it), and its end once nothing is tracked.
+  void begin_step();
+  // The plan for the step about to begin, from the one that ended, with the device's times
+  // of its points and the copy rate measured on its evictions.
+  void plan_next_step();
+  // `timed_on`: a stream that is not capturing, where the point's time is taken (mark_cold
+  // and unpack: the times the plan needs are when blocks go cold and when backward reaches
+  // them; the other points take the time of the point before). Null: untimed.
+  void note_point(policy::PointKind kind, uint32_t block, uint64_t bytes, cudaStream_t timed_on = nullptr);
+  void follow_fetches(uint32_t point, cudaStream_t stream);
+  // Ends the step being recorded (end_step_if_done: once the plan's step is complete and
+  // nothing is tracked).
+  void end_step();
+  void end_step_if_done();
+  void untrack(Slot& s, uint32_t slot);
+  void drop_deferred(bool wait);
+  void update_peaks();
+
+  pool::DevicePool& pool_;
+  const EngineOptions options_;
+  const int device_;
+  cuda::Stream d2h_, h2d_;
+  // Streams that only wait, one per direction: a block freed while its copy is in flight is
+  // reused after an event the pool records on one of them, behind a wait for that block's
+  // own copy (not on the copy stream, whose tail may be many copies later).
+  cuda::Stream d2h_done_, h2d_done_;
+  cuda::EventPool events_;
+  HostTier host_;
+
+  mutable std::mutex mu_;
+  std::vector<Slot> slots_;
+  std::vector<uint32_t> free_slots_;
+  std::map<uintptr_t, uint32_t> by_addr_;
+  // The live tagged blocks' addresses again, under their own lock, for is_tagged().
+  mutable std::mutex tagged_mu_;
+  std::set<uintptr_t> tagged_;
+  std::vector<uint32_t> in_flight_;
+  std::vector<Deferred> deferred_;
+  // Why the last eviction could not get pinned memory (the out-of-memory report says it).
+  std::string host_refusal_;
+  policy::UseOrder order_;
+  uint64_t graph_ = 1, seq_ = 0;
+  policy::StepRecorder recorder_;
+  std::vector<uint32_t> step_slots_;   // the step's block ordinals -> slots
+  std::vector<uint32_t> due_fetches_;  // ordinals whose planned fetch found no memory yet
+  // The step's clock: a timed event at each point that has a stream, and timed copies (the
+  // copy rate), read when the next step's plan is made.
+  cuda::EventPool timed_;
+  std::vector<std::pair<uint32_t, cuda::Event>> point_events_;
+  struct TimedCopy {
+    cuda::Event start, end;
+    uint64_t bytes;
+  };
+  std::vector<TimedCopy> timed_copies_;
+  static constexpr size_t kTimedCopies = 16;  // per step
+  // Timed points per step: past them, points take the time of the last timed one (a step of
+  // a quarter million engine calls would otherwise hold as many CUDA events).
+  static constexpr size_t kTimedPoints = size_t(1) << 15;
+  double bytes_per_ns_ = 0;  // the D2H rate measured last; 0: none measured yet
+  uint64_t unmapped_total_ = 0;  // device bytes freed by completed evictions, ever (reclaim's measure)
+  uint64_t copy_seq_ = 0;        // evictions queued, ever (Slot::copy_seq)
+
+  EngineStats st_;
+};
+
+}  // namespace vramswap::residency

@@ -1,0 +1,92 @@
+// Reading the engine: statistics, peaks, and check_invariants, which checks every slot
+// against the invariants of engine_impl.h.
+#include "residency/engine_impl.h"
+
+namespace vramswap::residency {
+
+void Engine::Impl::update_peaks() {
+  st_.peak_host_bytes = std::max(st_.peak_host_bytes, host_.used_bytes());
+}
+
+EngineStats Engine::Impl::stats() {
+  std::lock_guard lock(mu_);
+  complete_copies(false);  // copies that have completed count as done
+  EngineStats s = st_;
+  s.num_planned_steps = recorder_.num_planned_steps();
+  s.num_plan_divergences = recorder_.num_divergences();
+  s.num_plan_backoffs = recorder_.num_backoffs();
+  const pool::PoolStats ps = pool_.stats();
+  s.resident_bytes = ps.mapped_bytes;
+  s.peak_resident_bytes = ps.peak_mapped_bytes;
+  s.host_bytes = host_.used_bytes();
+  s.peak_host_bytes = std::max(s.peak_host_bytes, s.host_bytes);
+  const std::set<uint32_t> window = window_set();
+  for (uint32_t slot = 0; slot < slots_.size(); ++slot)
+    if (evictable(slot, window)) s.evictable_bytes += slots_[slot].placed;
+  return s;
+}
+
+std::string Engine::Impl::check_invariants() {
+  std::lock_guard lock(mu_);
+  std::vector<std::string> broken;
+  auto expect = [&](bool holds, const std::string& what) {
+    if (!holds && broken.size() < 16) broken.push_back(what);
+  };
+  EngineStats sum;
+  size_t live = 0, copying = 0;
+  for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+    const Slot& s = slots_[slot];
+    if (!s.live) {
+      expect(!s.host && !s.check, "free slot " + std::to_string(slot) + " holds a host buffer");
+      continue;
+    }
+    ++live;
+    const std::string block = "block " + hex(s.addr);
+    auto at = by_addr_.find(s.addr);
+    expect(at != by_addr_.end() && at->second == slot, block + " is missing from the address map");
+    {
+      std::lock_guard tlock(tagged_mu_);
+      expect(tagged_.count(s.addr) == 1, block + " is missing from the tagged set");
+    }
+    sum.tagged_bytes += s.placed;
+    sum.tagged_waste_bytes += s.placed - s.requested;
+    const bool host = s.residency != Residency::kResident;
+    expect((s.host != nullptr) == host, block + (host ? " has no host buffer" : " holds a host buffer it does not need"));
+    expect(!s.check || s.residency == Residency::kFetching, block + " holds a verify buffer with no fetch");
+    if (s.residency == Residency::kClean) sum.clean_bytes += s.placed;
+    if (s.residency == Residency::kEvicted || s.residency == Residency::kFetching) sum.evicted_bytes += s.placed;
+    if (s.residency == Residency::kEvicting || s.residency == Residency::kFetching) {
+      ++copying;
+      sum.in_flight_bytes += s.placed;
+      expect(std::count(in_flight_.begin(), in_flight_.end(), slot) == 1, block + " has a copy nobody watches");
+      expect(bool(s.copy_event), block + " has a copy with no event");
+    }
+    if (s.packs > 0) ++sum.num_tracked_blocks;
+    expect(!s.cold || bool(s.cold_event), block + " is cold with no cold event");
+  }
+  expect(by_addr_.size() == live, "the address map holds " + std::to_string(by_addr_.size()) + " blocks for " +
+                                      std::to_string(live) + " live ones");
+  expect(in_flight_.size() == copying, "in_flight lists " + std::to_string(in_flight_.size()) + " copies for " +
+                                           std::to_string(copying));
+  auto same = [&](uint64_t counted, uint64_t added, const char* name) {
+    expect(counted == added, std::string(name) + " is " + std::to_string(counted) + " but the blocks add up to " +
+                                 std::to_string(added));
+  };
+  same(st_.tagged_bytes, sum.tagged_bytes, "tagged_bytes");
+  same(st_.tagged_waste_bytes, sum.tagged_waste_bytes, "tagged_waste_bytes");
+  same(st_.clean_bytes, sum.clean_bytes, "clean_bytes");
+  same(st_.evicted_bytes, sum.evicted_bytes, "evicted_bytes");
+  same(st_.in_flight_bytes, sum.in_flight_bytes, "in_flight_bytes");
+  same(st_.num_tracked_blocks, sum.num_tracked_blocks, "num_tracked_blocks");
+  std::string text;
+  for (const std::string& b : broken) text += (text.empty() ? "" : "; ") + b;
+  return text;
+}
+
+void Engine::Impl::reset_peaks() {
+  std::lock_guard lock(mu_);
+  st_.peak_host_bytes = host_.used_bytes();
+  st_.peak_tagged_waste_bytes = st_.tagged_waste_bytes;
+}
+
+}  // namespace vramswap::residency

@@ -1,0 +1,126 @@
+// Recording steps and following their plan (Note [Recording and following a step] in
+// policy/step_recorder.h): step boundaries, each engine call as a point with its time on
+// the device, the plan made for the next step with the measured copy rate, and the plan's
+// fetches started at their points.
+#include "residency/engine_impl.h"
+
+namespace vramswap::residency {
+
+void Engine::Impl::begin_step() {
+  if (!recorder_.enabled()) return;
+  if (recorder_.active()) end_step();  // the step before ends where this one begins
+  plan_next_step();
+  pool_.take_allocated_high();  // the demand is counted from here
+  recorder_.begin_step();
+  stats::log(stats::LogLevel::kDebug, "device %d: a step begins: %s", device_,
+             recorder_.following() ? "it follows the plan"
+             : recorder_.backing_off() ? "the watermarks decide (the plan is backing off), and it is recorded"
+                                       : "the watermarks decide, and it is recorded");
+}
+
+void Engine::Impl::end_step() {
+  recorder_.end_step();
+  step_slots_.clear();
+  due_fetches_.clear();
+}
+
+void Engine::Impl::note_point(policy::PointKind kind, uint32_t block, uint64_t bytes, cudaStream_t timed_on) {
+  if (!recorder_.active()) return;
+  const bool following = recorder_.following();
+  const uint32_t p = recorder_.point(kind, block, bytes, pool_.take_allocated_high());
+  if (following && !recorder_.following())
+    stats::log(stats::LogLevel::kDebug, "device %d: the step diverges from the recorded one at point %u (kind %d, "
+               "block %u, %llu bytes): the watermarks decide for the rest of it", device_, p, int(kind), block,
+               static_cast<unsigned long long>(bytes));
+  if (p == policy::kNoPoint) return;
+  if (timed_on && timed_on != pool::any_stream() && point_events_.size() < kTimedPoints) {
+    // The point's time on the device. Best effort: a plan without times still works.
+    try {
+      cuda::Event e = timed_.acquire();
+      e.record(timed_on);
+      point_events_.emplace_back(p, std::move(e));
+    } catch (const std::exception& e) {
+      stats::log(stats::LogLevel::kDebug, "device %d: timing a point failed: %s", device_, e.what());
+    }
+  }
+  if (recorder_.following()) follow_fetches(p, timed_on);
+}
+
+void Engine::Impl::plan_next_step() {
+  std::vector<uint64_t> times;
+  if (recorder_.plan_pending()) {
+    try {
+      uint64_t bytes = 0, ns = 0;
+      for (const TimedCopy& c : timed_copies_) {
+        c.end.synchronize();
+        bytes += c.bytes;
+        ns += cuda::elapsed_ns(c.start, c.end);
+      }
+      if (bytes > 0 && ns > 0) bytes_per_ns_ = double(bytes) / double(ns);
+      if (!point_events_.empty() && bytes_per_ns_ > 0) {
+        point_events_.back().second.synchronize();  // the last point: all of them have completed
+        times.assign(recorder_.recorded_points(), 0);
+        const cuda::Event& first = point_events_.front().second;
+        uint64_t t = 0;
+        size_t k = 0;
+        for (uint32_t p = 0; p < times.size(); ++p) {
+          for (; k < point_events_.size() && point_events_[k].first == p; ++k)
+            t = std::max(t, cuda::elapsed_ns(first, point_events_[k].second));
+          times[p] = t;
+        }
+      }
+    } catch (const std::exception& e) {
+      stats::log(stats::LogLevel::kDebug, "device %d: reading the step's times failed: %s (planning without them)",
+                 device_, e.what());
+      times.clear();
+    }
+    recorder_.plan_next(std::move(times), bytes_per_ns_);
+    stats::log(stats::LogLevel::kDebug, "device %d: plan: %s, copy rate %.1f GB/s", device_,
+               recorder_.describe().c_str(), bytes_per_ns_);
+  }
+  for (auto& [p, e] : point_events_) timed_.release(std::move(e));
+  point_events_.clear();
+  for (TimedCopy& c : timed_copies_) {
+    timed_.release(std::move(c.start));
+    timed_.release(std::move(c.end));
+  }
+  timed_copies_.clear();
+}
+
+// The plan's fetches due after point `p`, and those due earlier that found no memory then:
+// into memory free now or behind pending frees' events, never by giving anything up (the
+// plan says memory is there; when it is not, a later point, the prefetch window or the
+// unpack brings the block back). Failures are logged: the call that made the point stands.
+void Engine::Impl::follow_fetches(uint32_t p, cudaStream_t stream) {
+  const size_t fresh = due_fetches_.size();
+  for (uint32_t b : recorder_.fetches_after(p)) due_fetches_.push_back(b);
+  if (due_fetches_.empty()) return;
+  try {
+    size_t kept = 0;
+    for (size_t i = 0; i < due_fetches_.size(); ++i) {
+      const uint32_t b = due_fetches_[i];
+      const uint32_t slot = b < step_slots_.size() ? step_slots_[b] : UINT32_MAX;
+      if (slot >= slots_.size() || !slots_[slot].live || slots_[slot].step_block != b) continue;  // gone
+      if (slots_[slot].residency != Residency::kEvicted) continue;  // on the device, or coming
+      // At its own point, the plan's fetch may also wait for the caller's stream, so that the
+      // blocks it freed (the memory the plan counts on) can be unmapped; a retry does not.
+      const bool own_point = i >= fresh && stream && stream != pool::any_stream();
+      if (start_fetch(slot, own_point ? Fetch::kPlanned : Fetch::kHint, stream).ok) {
+        ++st_.num_prefetches;
+      } else {
+        due_fetches_[kept++] = b;
+      }
+    }
+    due_fetches_.resize(kept);
+  } catch (const std::exception& e) {
+    stats::log(stats::LogLevel::kWarn, "a planned fetch on device %d failed: %s (the block stays on the host and "
+               "is fetched when unpacked)", device_, e.what());
+  }
+}
+
+void Engine::Impl::end_step_if_done() {
+  // A step that is not known to be complete ends when the next one begins (begin_step).
+  if (recorder_.active() && st_.num_tracked_blocks == 0 && recorder_.complete()) end_step();
+}
+
+}  // namespace vramswap::residency
