@@ -13,6 +13,7 @@
 # process may use, from which the tier's default limit follows).
 
 add_library(vramswap_host_tier STATIC ${CMAKE_CURRENT_LIST_DIR}/host_tier.cpp
+                                      ${CMAKE_CURRENT_LIST_DIR}/host_tier_best_fit.cpp
                                       ${CMAKE_CURRENT_LIST_DIR}/host_memory.cpp)
 target_include_directories(vramswap_host_tier PUBLIC ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(vramswap_host_tier PUBLIC vramswap_cuda PRIVATE vramswap_units vramswap_warnings)

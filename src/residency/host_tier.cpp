@@ -1,14 +1,11 @@
 // HostTier: the chunks, the limit, the counters and the lock (Note [The host tier] in
-// host_tier.h), and the best-fit placement that ships.
+// host_tier.h). The best-fit placement that ships is host_tier_best_fit.cpp.
 //
 // Invariants (checked by tests/host_tier through the public API):
 //   * chunks holds every pinned chunk (base -> size); pinned is their sum and never more
 //     than limit; used is the sum of the live blocks' sizes as placed;
 //   * growing is true exactly while one thread pins a chunk with mu released; no other
 //     thread pins meanwhile (they wait on `grown`), so the limit check needs no reservation;
-//   * BestFitPlacer: extents_ tiles every chunk exactly, in address order; each extent is a
-//     multiple of 512 bytes at a 512-aligned address; no two free extents of one chunk are
-//     neighbours (they are merged at once); free_ indexes exactly the free extents.
 #include "residency/host_tier.h"
 
 #include <cuda_runtime_api.h>
@@ -73,135 +70,6 @@ bool release_chunk(void* base) noexcept {
   }
   return false;
 }
-
-// ---- Best fit ----
-
-class BestFitPlacer final : public HostTier::Placer {
- public:
-  const char* name() const override { return "best_fit"; }
-
-  uint64_t chunk_bytes_for(uint64_t bytes, uint64_t chunk_bytes) const override {
-    return round_up(std::max(bytes, chunk_bytes), kHostChunkGranularity);
-  }
-
-  bool add_chunk(void* base, uint64_t size, std::string* error) override {
-    const uintptr_t a = address(base);
-    if (a % kHostBlockAlignment != 0 || size % kHostBlockAlignment != 0) {
-      *error = "the chunk at " + pointer_name(base) + " is not 512-byte aligned";
-      return false;
-    }
-    chunks_.emplace(a, size);
-    extents_.emplace(a, Extent{size, a, false});
-    free_.emplace(size, a);
-    return true;
-  }
-
-  void* place(uint64_t bytes) override {
-    auto best = free_.lower_bound({bytes, 0});
-    if (best == free_.end()) return nullptr;
-    const uintptr_t a = best->second;
-    free_.erase(best);
-    auto it = extents_.find(a);
-    Extent& e = it->second;
-    if (e.size > bytes) {  // the rest stays free, right after the block
-      extents_.emplace_hint(std::next(it), a + bytes, Extent{e.size - bytes, e.chunk, false});
-      free_.emplace(e.size - bytes, a + bytes);
-      e.size = bytes;
-    }
-    e.live = true;
-    return pointer(a);
-  }
-
-  std::optional<uint64_t> release(void* p, std::string* error) override {
-    const uintptr_t a = address(p);
-    auto it = extents_.find(a);
-    if (it == extents_.end() || !it->second.live) {
-      *error = why_not_live(a, it);
-      return std::nullopt;
-    }
-    const uint64_t size = it->second.size;
-    it->second.live = false;
-    auto next = std::next(it);
-    if (next != extents_.end() && !next->second.live && next->second.chunk == it->second.chunk) {
-      free_.erase({next->second.size, next->first});
-      it->second.size += next->second.size;
-      extents_.erase(next);
-    }
-    if (it != extents_.begin()) {
-      auto prev = std::prev(it);
-      if (!prev->second.live && prev->second.chunk == it->second.chunk) {
-        free_.erase({prev->second.size, prev->first});
-        prev->second.size += it->second.size;
-        extents_.erase(it);
-        it = prev;
-      }
-    }
-    free_.emplace(it->second.size, it->first);
-    return size;
-  }
-
-  uint64_t free_chunk_bytes() const override {
-    uint64_t bytes = 0;
-    for (const auto& [base, size] : chunks_) {
-      if (is_free_chunk(base, size)) bytes += size;
-    }
-    return bytes;
-  }
-
-  std::vector<void*> take_free_chunks() override {
-    std::vector<void*> taken;
-    for (auto c = chunks_.begin(); c != chunks_.end();) {
-      if (!is_free_chunk(c->first, c->second)) {
-        ++c;
-        continue;
-      }
-      free_.erase({c->second, c->first});
-      extents_.erase(c->first);
-      taken.push_back(pointer(c->first));
-      c = chunks_.erase(c);
-    }
-    return taken;
-  }
-
-  std::optional<uint64_t> largest_free_bytes() const override {
-    return free_.empty() ? 0 : free_.rbegin()->first;
-  }
-
- private:
-  struct Extent {
-    uint64_t size;
-    uintptr_t chunk;  // the base of the chunk it lies in: extents never span two chunks,
-                      // even when the chunks happen to be neighbours in memory
-    bool live;
-  };
-  using ExtentIt = std::map<uintptr_t, Extent>::const_iterator;
-
-  bool is_free_chunk(uintptr_t base, uint64_t size) const {
-    auto it = extents_.find(base);
-    return it != extents_.end() && !it->second.live && it->second.size == size;
-  }
-
-  // Why `a` is not the start of a live block (`exact` is its extent, if one starts there).
-  std::string why_not_live(uintptr_t a, ExtentIt exact) const {
-    if (exact != extents_.end()) return "the block was freed already (double free)";
-    auto after = extents_.upper_bound(a);
-    if (after != extents_.begin()) {
-      const auto& [start, e] = *std::prev(after);
-      if (a < start + e.size) {
-        if (e.live) {
-          return "it points " + std::to_string(a - start) + " bytes into the block at " +
-                 pointer_name(pointer(start)) + " (" + format_size(e.size) + ")";
-        }
-        return "it lies in free memory of the tier (freed already?)";
-      }
-    }
-    return "the host tier did not allocate it";
-  }
-
-  std::map<uintptr_t, Extent> extents_;            // every extent, by address
-  std::set<std::pair<uint64_t, uintptr_t>> free_;  // (size, address) of the free ones
-  std::map<uintptr_t, uint64_t> chunks_;           // base -> size
-};
 
 // Raises `peak` to at least `value`. Called with the tier's mutex held (the only writer).
 void raise_peak(std::atomic<uint64_t>& peak, uint64_t value) {
@@ -511,8 +379,6 @@ bool HostTier::owns(const void* p) const {
 uint64_t HostTier::limit_bytes() const { return state_->limit; }
 uint64_t HostTier::chunk_bytes() const { return state_->chunk; }
 const char* HostTier::placement() const { return state_->placer->name(); }
-
-std::unique_ptr<HostTier::Placer> make_best_fit_placer() { return std::make_unique<BestFitPlacer>(); }
 
 // ---- The default limit ----
 
