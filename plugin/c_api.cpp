@@ -116,6 +116,18 @@ std::string torch_malloc_message(size_t size, int device, vramswap::AllocError::
   return "vramswap: allocating " + request + " failed: " + why;
 }
 
+// A JSON document copied out under vramswap_stats_json's contract: its length returned;
+// the document and a NUL written when `cap` is larger, else only "" (when cap > 0), so a
+// truncated document is never seen.
+size_t copy_document(const std::string& json, char* buf, size_t cap) {
+  if (buf && json.size() < cap) {
+    std::memcpy(buf, json.c_str(), json.size() + 1);
+  } else if (buf && cap > 0) {
+    buf[0] = '\0';
+  }
+  return json.size();
+}
+
 }  // namespace
 
 extern "C" {
@@ -207,15 +219,7 @@ const char* vramswap_last_error(void) noexcept { return vramswap::last_error(); 
 
 size_t vramswap_stats_json(char* buf, size_t cap) noexcept {
   vramswap::clear_last_error();
-  return guarded<size_t>(__func__, 0, [&] {
-    const std::string json = used_allocator().stats_json();
-    if (buf && json.size() < cap) {
-      std::memcpy(buf, json.c_str(), json.size() + 1);
-    } else if (buf && cap > 0) {
-      buf[0] = '\0';
-    }
-    return json.size();
-  });
+  return guarded<size_t>(__func__, 0, [&] { return copy_document(used_allocator().stats_json(), buf, cap); });
 }
 
 void vramswap_record_history(size_t max_entries) noexcept {
@@ -228,15 +232,7 @@ void vramswap_record_history(size_t max_entries) noexcept {
 
 size_t vramswap_snapshot_json(char* buf, size_t cap) noexcept {
   vramswap::clear_last_error();
-  return guarded<size_t>(__func__, 0, [&] {
-    const std::string json = used_allocator().snapshot_json();
-    if (buf && json.size() < cap) {
-      std::memcpy(buf, json.c_str(), json.size() + 1);
-    } else if (buf && cap > 0) {
-      buf[0] = '\0';
-    }
-    return json.size();
-  });
+  return guarded<size_t>(__func__, 0, [&] { return copy_document(used_allocator().snapshot_json(), buf, cap); });
 }
 
 void vramswap_reset_peak_stats(void) noexcept {

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cctype>
+#include <cstdio>
 #include <vector>
 
 namespace vramswap {
@@ -106,6 +107,12 @@ std::string format_size(uint64_t bytes) {
   out += ' ';
   out += kPrintedUnits[index];
   return out;
+}
+
+std::string format_pointer(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
 }
 
 }  // namespace vramswap

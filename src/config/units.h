@@ -42,6 +42,10 @@ std::optional<uint64_t> parse_size(std::string_view text);
 // parse_size(), which gives back at most the original value. Thread-safe: pure.
 std::string format_size(uint64_t bytes);
 
+// A pointer as "%p" prints it ("0x7f..."; "(nil)" for null), for messages naming a block.
+// Thread-safe: pure.
+std::string format_pointer(const void* p);
+
 // `v` rounded up to a multiple of `to` (> 0; no overflow check: the callers' values are
 // sizes far below UINT64_MAX). Thread-safe: pure.
 constexpr uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }

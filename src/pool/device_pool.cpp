@@ -225,10 +225,10 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
 DevicePool::Impl::BlockIt DevicePool::Impl::find_live(void* ptr, Result* refusal) {
   auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
   if (b != blocks_.end() && b->second.state == State::kLive) return b;
-  if (!owns(ptr)) *refusal = {false, "free of " + pointer_name(ptr) + ": not a pointer vramswap allocated"};
-  else if (b != blocks_.end()) *refusal = {false, "free of " + pointer_name(ptr) + ": already freed (double free)"};
+  if (!owns(ptr)) *refusal = {false, "free of " + format_pointer(ptr) + ": not a pointer vramswap allocated"};
+  else if (b != blocks_.end()) *refusal = {false, "free of " + format_pointer(ptr) + ": already freed (double free)"};
   else
-    *refusal = {false, "free of " + pointer_name(ptr) +
+    *refusal = {false, "free of " + format_pointer(ptr) +
                            ": not the start of a block vramswap handed out (an interior or stale pointer)"};
   return blocks_.end();
 }
@@ -309,7 +309,7 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
     owner->lock();
     const bool live = owner->disown(b->first);
     owner->unlock();
-    if (!live) return {false, "free of " + pointer_name(ptr) + ": already freed (double free)"};
+    if (!live) return {false, "free of " + format_pointer(ptr) + ": already freed (double free)"};
     b->second.owner = nullptr;
     own_cache_full = owner == own_cache();  // its own thread's free that its cache had no room for
   }
@@ -327,7 +327,7 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
     // refused): order reuse after everything on the device instead.
     if (free_after_device_synchronization(ptr, stream, lock, &result)) return {};
     if (!result.ok) return result;
-    return {false, "free of " + pointer_name(ptr) + ": its reuse cannot be ordered after the streams that used it (" +
+    return {false, "free of " + format_pointer(ptr) + ": its reuse cannot be ordered after the streams that used it (" +
                        why + "), and synchronizing device " + std::to_string(device_) +
                        " failed too; the block stays allocated"};
   }
@@ -382,7 +382,7 @@ Result DevicePool::Impl::record_stream(void* ptr, cudaStream_t stream) {
   std::lock_guard lock(mu_);
   auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
   if (b == blocks_.end() || b->second.state != State::kLive)
-    return {false, "record_stream on " + pointer_name(ptr) +
+    return {false, "record_stream on " + format_pointer(ptr) +
                        ": not a live block vramswap allocated"};
   if (ThreadCache* owner = b->second.owner) {
     // Used by another stream now: the pool's again (its free needs an event).
@@ -390,7 +390,7 @@ Result DevicePool::Impl::record_stream(void* ptr, cudaStream_t stream) {
     const bool live = owner->disown(b->first);
     owner->unlock();
     if (!live)
-      return {false, "record_stream on " + pointer_name(ptr) + ": not a live block vramswap allocated (freed)"};
+      return {false, "record_stream on " + format_pointer(ptr) + ": not a live block vramswap allocated (freed)"};
     b->second.owner = nullptr;
   }
   if (stream != b->second.tag && std::find(b->second.also_on.begin(), b->second.also_on.end(), stream) ==

@@ -275,8 +275,8 @@ Result DevicePool::Impl::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
   std::lock_guard lock(mu_);
   auto b = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
   if (b == blocks_.end() || b->second.state != State::kLive || !b->second.offloadable)
-    return {false, "unmap of " + pointer_name(ptr) + ": not a live offloadable block"};
-  if (b->second.away) return {false, "unmap of " + pointer_name(ptr) + ": already given up (unmapped)"};
+    return {false, "unmap of " + format_pointer(ptr) + ": not a live offloadable block"};
+  if (b->second.away) return {false, "unmap of " + format_pointer(ptr) + ": already given up (unmapped)"};
   caches_off();  // pages are remapped from now on (Note [Thread caches])
   cuda::ContextScope scope(device_);
   b->second.away = true;  // so that granule_idle() sees its own granules as free of it
@@ -300,7 +300,7 @@ Result DevicePool::Impl::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
       if (done == 0) --away_blocks_;
       if (partly) *partly = done > 0;
       if (freed) *freed = done * granularity_;
-      return {false, "unmap of " + pointer_name(ptr) + ": " + e.what()};
+      return {false, "unmap of " + format_pointer(ptr) + ": " + e.what()};
     }
     done += n;
   }
@@ -313,7 +313,7 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait, cudaStream_t stream)
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
   auto b = blocks_.find(addr);
   if (b == blocks_.end() || b->second.state != State::kLive || !b->second.offloadable || !b->second.away)
-    return {false, "map of " + pointer_name(ptr) + ": not a live offloadable block that was given up (unmap_block)"};
+    return {false, "map of " + format_pointer(ptr) + ": not a live offloadable block that was given up (unmap_block)"};
   const uint64_t size = b->second.size;
   caches_off();
   std::string why;
@@ -343,7 +343,7 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait, cudaStream_t stream)
     }
     if (step > 0 && kSteps[step - 1] == Relief::kDrainPending && waiting()) --step;  // the next oldest
   }
-  return {false, "map of " + pointer_name(ptr) + " (" + format_size(size) + "): refused by " + why + ": " +
+  return {false, "map of " + format_pointer(ptr) + " (" + format_size(size) + "): refused by " + why + ": " +
                      oom_report(size, size, why),
           true};
 }
@@ -359,7 +359,7 @@ Result DevicePool::Impl::grant_peer(int peer) {
       granules_[g].mapping.grant(peer);
     } catch (const cuda::CudaError& e) {
       return {false, "granting device " + std::to_string(peer) + " access to device " + std::to_string(device_) +
-                         "'s memory at " + pointer_name(reinterpret_cast<void*>(va_.base() + g * granularity_)) +
+                         "'s memory at " + format_pointer(reinterpret_cast<void*>(va_.base() + g * granularity_)) +
                          " failed: " + e.what()};
     }
   }

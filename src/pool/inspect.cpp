@@ -99,9 +99,9 @@ std::string DevicePool::Impl::check_invariants() const {
   for (auto& counts : live_on) counts.assign(granules_.size(), 0);
   const Block* prev = nullptr;
   for (const auto& [addr, b] : blocks_) {
-    expect(addr == at, "block " + pointer_name(reinterpret_cast<void*>(addr)) + " does not follow its neighbour");
+    expect(addr == at, "block " + format_pointer(reinterpret_cast<void*>(addr)) + " does not follow its neighbour");
     expect(b.size > 0 && addr % kAlignment == 0 && b.size % kAlignment == 0,
-           "block " + pointer_name(reinterpret_cast<void*>(addr)) + " is not 512-byte aligned and sized");
+           "block " + format_pointer(reinterpret_cast<void*>(addr)) + " is not 512-byte aligned and sized");
     at = addr + b.size;
     if (b.state == State::kLive) {
       live += b.size;
@@ -114,12 +114,12 @@ std::string DevicePool::Impl::check_invariants() const {
       ++free_blocks;
       auto index = free_.find(b.tag);
       expect(index != free_.end() && index->second.count({b.size, addr}) == 1,
-             "free block " + pointer_name(reinterpret_cast<void*>(addr)) + " is missing from the free index");
+             "free block " + format_pointer(reinterpret_cast<void*>(addr)) + " is missing from the free index");
       expect(!(prev && prev->state == State::kFree && prev->tag == b.tag),
-             "free blocks with the same tag next to each other at " + pointer_name(reinterpret_cast<void*>(addr)));
+             "free blocks with the same tag next to each other at " + format_pointer(reinterpret_cast<void*>(addr)));
     }
     expect(!b.away || (b.offloadable && (b.state == State::kLive || b.state == State::kPending)),
-           "block " + pointer_name(reinterpret_cast<void*>(addr)) + " is away but not a live offloadable one");
+           "block " + format_pointer(reinterpret_cast<void*>(addr)) + " is away but not a live offloadable one");
     // An evicted block may be freed, then pending; a free one may be retiring.
     if (b.state != State::kFree && b.state != State::kRetiring && !b.away)
       for (uint64_t g = granule_index(addr), last = granule_index(addr + b.size - 1); g <= last; ++g)
@@ -146,7 +146,7 @@ std::string DevicePool::Impl::check_invariants() const {
       auto b = blocks_.find(addr);
       expect(b != blocks_.end() && b->second.state == State::kLive && b->second.owner == c.get() &&
                  b->second.size == rounded && !b->second.offloadable,
-             "thread cache block " + pointer_name(reinterpret_cast<void*>(addr)) +
+             "thread cache block " + format_pointer(reinterpret_cast<void*>(addr)) +
                  " is not a live ordinary block of its size lent to that cache");
     });
     c->unlock();
@@ -179,7 +179,7 @@ std::string DevicePool::Impl::check_invariants() const {
       const Block& b = blocks_.at(needs_pages[g]);
       const char* state = b.state == State::kLive ? "live" : b.state == State::kPending ? "pending" : "quick-listed";
       expect(false, "granule " + std::to_string(g) + " under a block in use is not mapped (block " +
-                        pointer_name(reinterpret_cast<void*>(needs_pages[g])) + ", " + format_size(b.size) + ", " +
+                        format_pointer(reinterpret_cast<void*>(needs_pages[g])) + ", " + format_size(b.size) + ", " +
                         state + (b.offloadable ? ", offloadable" : "") + ")");
     }
   }

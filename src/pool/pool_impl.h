@@ -35,7 +35,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -149,11 +148,6 @@ struct Pending {
   uint64_t serial = 0;  // the order of the frees (Impl::next_serial_)
 };
 
-inline std::string pointer_name(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%p", p);
-  return buf;
-}
 
 
 }  // namespace detail

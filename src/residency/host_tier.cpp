@@ -15,7 +15,6 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
-#include <cstdio>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -36,12 +35,6 @@ namespace {
 
 uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 void* pointer(uintptr_t a) { return reinterpret_cast<void*>(a); }
-
-std::string pointer_name(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%p", p);
-  return buf;
-}
 
 // Pins a chunk on `device`'s primary context (the calling thread's current context is
 // restored afterwards). nullptr, with *error, when the driver refuses.
@@ -292,7 +285,7 @@ bool HostTier::free(void* p, std::string* error) {
   const std::optional<uint64_t> size = s.placer->release(p, &why);
   if (!size) {
     ++s.num_bad_frees;
-    if (error != nullptr) *error = "host tier: free of " + pointer_name(p) + " refused: " + why;
+    if (error != nullptr) *error = "host tier: free of " + format_pointer(p) + " refused: " + why;
     return false;
   }
   s.used.store(s.used.load() - *size);

@@ -8,7 +8,6 @@
 // indexes exactly the free extents.
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -25,12 +24,6 @@ namespace {
 uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 void* pointer(uintptr_t a) { return reinterpret_cast<void*>(a); }
 
-std::string pointer_name(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%p", p);
-  return buf;
-}
-
 class BestFitPlacer final : public HostTier::Placer {
  public:
   const char* name() const override { return "best_fit"; }
@@ -42,7 +35,7 @@ class BestFitPlacer final : public HostTier::Placer {
   bool add_chunk(void* base, uint64_t size, std::string* error) override {
     const uintptr_t a = address(base);
     if (a % kHostBlockAlignment != 0 || size % kHostBlockAlignment != 0) {
-      *error = "the chunk at " + pointer_name(base) + " is not 512-byte aligned";
+      *error = "the chunk at " + format_pointer(base) + " is not 512-byte aligned";
       return false;
     }
     chunks_.emplace(a, size);
@@ -145,7 +138,7 @@ class BestFitPlacer final : public HostTier::Placer {
       if (a < start + e.size) {
         if (e.live) {
           return "it points " + std::to_string(a - start) + " bytes into the block at " +
-                 pointer_name(pointer(start)) + " (" + format_size(e.size) + ")";
+                 format_pointer(pointer(start)) + " (" + format_size(e.size) + ")";
         }
         return "it lies in free memory of the tier (freed already?)";
       }

@@ -9,6 +9,7 @@
 
 namespace {
 
+using vramswap::format_pointer;
 using vramswap::format_size;
 using vramswap::parse_size;
 using vramswap::parse_size_detailed;
@@ -123,6 +124,11 @@ TEST(FormatSize, OutputParsesBackToAtMostTheValue) {
     // Two decimals of the printed unit: the loss is under 1% of that unit.
     EXPECT_LT(v - *back, v < kKiB ? uint64_t{1} : (v / 100) + 1) << format_size(v);
   }
+}
+
+TEST(FormatPointer, PrintsAsPercentP) {
+  EXPECT_EQ("0x7f0012345600", format_pointer(reinterpret_cast<void*>(uintptr_t{0x7f0012345600})));
+  EXPECT_EQ("(nil)", format_pointer(nullptr));
 }
 
 }  // namespace
