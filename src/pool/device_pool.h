@@ -334,8 +334,9 @@ class DevicePool {
 
   // What the pool holds, as a memory snapshot shows it: the mapped address ranges (runs of
   // mapped granules, adjacent ones joined), every block in address order (the unused rest
-  // of the range included, as one free block), and the history kept. Walks every block under
-  // the lock. Thread-safe.
+  // of the range included, as one free block; a block a thread's cache holds shows as free,
+  // as the program freed it), and the history kept. Walks every block under the lock.
+  // Thread-safe.
   struct BlockView {
     enum class State : uint8_t { kLive, kPendingFree, kFree };
     uintptr_t addr = 0;

@@ -289,11 +289,9 @@ Result DevicePool::Impl::unmap_block(void* ptr, bool* partly, uint64_t* freed) {
     g = head + n - 1;  // the loop goes on after the run
     if (!range_idle(head, n)) continue;  // shared with a block that needs it
     try {
-      cause_ = TraceEvent::Cause::kEvict;
+      CauseScope eviction(cause_, TraceEvent::Cause::kEvict);
       unmap_run(head);
-      cause_ = TraceEvent::Cause::kNone;
     } catch (const cuda::CudaError& e) {
-      cause_ = TraceEvent::Cause::kNone;
       // That run stays mapped. The block counts as away once any granule went (a later
       // map_block maps what is missing); with none gone nothing changed.
       b->second.away = done > 0;
@@ -327,15 +325,11 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait, cudaStream_t stream)
   for (size_t step = 0; step <= steps; ++step) {
     if (step > 0 && !relieve(kSteps[step - 1], size, wait == MapWait::kStream ? stream : kAnyStream, lock)) continue;
     uint64_t lacking = 0;
-    cause_ = TraceEvent::Cause::kFetch;
     bool done = false;
-    try {
+    {
+      CauseScope fetch(cause_, TraceEvent::Cause::kFetch);
       done = map_range(addr, size, &why, &lacking);
-    } catch (...) {
-      cause_ = TraceEvent::Cause::kNone;
-      throw;
     }
-    cause_ = TraceEvent::Cause::kNone;
     if (done) {
       blocks_.at(addr).away = false;
       --away_blocks_;

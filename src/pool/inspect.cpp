@@ -8,17 +8,19 @@ namespace vramswap::pool {
 PoolStats DevicePool::Impl::stats() const {
   std::lock_guard lock(mu_);
   PoolStats s;
-  // What the threads' caches did and hold (Note [Thread caches]).
+  // What the threads' caches did and hold (Note [Thread caches]): their allocations are all
+  // cache hits, and what they hold is lent, counted in allocated_ but free to the program.
+  uint64_t cached = 0;
   for (const auto& c : caches_) {
     c->lock();
-    s.allocated_bytes -= c->cached_bytes;  // unsigned: wraps back below with allocated_ added
+    cached += c->cached_bytes;
     s.num_allocs += c->allocs;
-    s.num_cache_hits += c->hits;
+    s.num_cache_hits += c->allocs;
     s.num_frees += c->frees;
     s.num_free_blocks += c->cached_blocks;
     c->unlock();
   }
-  s.allocated_bytes += allocated_;
+  s.allocated_bytes = allocated_ - cached;
   s.reserved_bytes = reserved_;
   s.mapped_bytes = mapped_;
   s.peak_mapped_bytes = peak_mapped_;

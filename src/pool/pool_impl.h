@@ -510,6 +510,17 @@ class DevicePool::Impl {
   // eviction's unmap_block, a fetch's map_block, or neither).
   History history_;
   TraceEvent::Cause cause_ = TraceEvent::Cause::kNone;
+  // cause_ set to `now` for the runs mapped or unmapped while it lives.
+  class CauseScope {
+   public:
+    CauseScope(TraceEvent::Cause& cause, TraceEvent::Cause now) : cause_(cause) { cause_ = now; }
+    ~CauseScope() { cause_ = TraceEvent::Cause::kNone; }
+    CauseScope(const CauseScope&) = delete;
+    CauseScope& operator=(const CauseScope&) = delete;
+
+   private:
+    TraceEvent::Cause& cause_;
+  };
 
   // Note [Thread caches]. id_: this pool's key in each thread's caches. caches_on_: the fast
   // path may be taken (cleared for good by caches_off()). caches_: every cache registered,

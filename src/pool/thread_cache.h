@@ -57,7 +57,6 @@ class ThreadCache {
     cached_bytes -= rounded;
     --cached_blocks;
     ++allocs;
-    ++hits;
     return addr;
   }
 
@@ -117,8 +116,7 @@ class ThreadCache {
   }
 
   // Counters of the owner's fast path, summed by the pool when read.
-  uint64_t allocs = 0;         // allocations take() served
-  uint64_t hits = 0;           // the same (each is a cache hit)
+  uint64_t allocs = 0;         // allocations take() served (each a cache hit)
   uint64_t frees = 0;          // frees give() took
   uint64_t cached_bytes = 0;   // bytes of the blocks cached now
   uint64_t cached_blocks = 0;  // and how many

@@ -90,8 +90,8 @@ void DevicePool::Impl::empty_thread_cache(ThreadCache& c, bool disown) {
   });
   if (disown) {
     c.drain_live([&](uintptr_t addr) { blocks_.find(addr)->second.owner = nullptr; });
-    num_allocs_ += std::exchange(c.allocs, 0);
-    num_cache_hits_ += std::exchange(c.hits, 0);
+    num_allocs_ += c.allocs;
+    num_cache_hits_ += std::exchange(c.allocs, 0);
     num_frees_ += std::exchange(c.frees, 0);
   }
   c.unlock();
