@@ -15,6 +15,7 @@
 // Thread safety: none; the engine's mutex guards it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <set>
 #include <vector>

@@ -76,7 +76,7 @@ void Engine::Impl::register_block(void* p, size_t size, uint64_t placed) {
 void Engine::Impl::background(const char* after) {
   try {
     complete_copies(false);
-    maybe_soft_evict();
+    reactive().soft_evict(options_.soft_limit_bytes);
   } catch (const std::exception& e) {
     // Background work only: the call that triggered it succeeded. Every step is undone on
     // failure (the blocks concerned stay where they were), so nothing is lost.
@@ -320,24 +320,11 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
   s->cold = false;
   order_.set_cursor(s->key);
   note_point(policy::PointKind::kUnpack, s->step_block, 0, capturing ? nullptr : stream);
-  // Prefetch the window; make room for it by giving up what is needed furthest away. A victim
-  // the plan being followed still wants out is left to its planned fetch: fetched sooner, it
-  // takes memory the plan counts on, and the allocations there evict beyond the plan.
+  // Prefetch the window (making room for it by giving up what is needed furthest away), and
+  // past it (policy/reactive.h).
   if (options_.horizon > 0) {
     try {
-      for (uint32_t next : order_.window(options_.horizon)) {
-        Slot& n = slots_[next];
-        if (recorder_.planned_out(n.step_block)) continue;
-        if (n.residency == Residency::kEvicting) {
-          n.cancel = true;
-        } else if (n.residency == Residency::kEvicted) {
-          if (!start_fetch(next, Fetch::kPrefetch).ok) break;  // make_room started evictions for next time
-          ++st_.num_prefetches;
-        }
-      }
-      // Following a plan, its fetches are scheduled; fetching ahead would take memory the
-      // plan counts on.
-      if (in_flight_bytes(Residency::kFetching) == 0 && !recorder_.following()) fetch_ahead();
+      reactive().after_unpack();
     } catch (const std::exception& e) {
       stats::log(stats::LogLevel::kWarn, "prefetch after an unpack on device %d failed: %s (the blocks concerned "
                  "stay on the host and are fetched when unpacked)", device_, e.what());

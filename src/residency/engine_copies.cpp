@@ -60,24 +60,6 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
   return true;
 }
 
-// Note [Fetch ahead]
-// ------------------
-// Backward starts with the blocks saved last, which are resident; the window (the next
-// `horizon` blocks) reaches the first evicted one only later, so under heavy eviction the
-// H2D engine idled for the first part of backward while backward was freeing memory.
-// When no fetch is in flight, the nearest evicted block past the window is fetched into
-// memory that is free now, below the soft limit: one at a time, so that it keeps the copy
-// engine busy without filling memory ahead of backward's own allocations.
-void Engine::Impl::fetch_ahead() {
-  const uint64_t soft = soft_limit();
-  order_.each_after_cursor([&](uint32_t next) {
-    const Slot& n = slots_[next];
-    if (n.residency != Residency::kEvicted) return true;
-    if (pool_.stats().mapped_bytes + n.placed <= soft && start_fetch(next, Fetch::kAhead).ok) ++st_.num_prefetches;
-    return false;
-  });
-}
-
 Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream) {
   Slot& s = slots_[slot];
   using MapWait = pool::DevicePool::MapWait;
@@ -101,12 +83,12 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
       // Never synchronizes the device: memory free at once or freed behind an event (a tagged
       // block freed by backward), waiting for that event; else clean blocks needed later.
       mapped = pool_.map_block(addr, MapWait::kPendingFrees);
-      if (!mapped.ok && make_room(s.placed, slot) > 0) mapped = pool_.map_block(addr, MapWait::kPendingFrees);
+      if (!mapped.ok && reactive().make_room(s.placed, slot) > 0) mapped = pool_.map_block(addr, MapWait::kPendingFrees);
       break;
     case Fetch::kNeeded:
       mapped = pool_.map_block(addr, MapWait::kSynchronize);
       if (!mapped.ok) {
-        reclaim_locked(s.placed, ReclaimMode::kFull, slot);
+        reactive().reclaim(s.placed, true, slot);
         mapped = pool_.map_block(addr, MapWait::kSynchronize);
       }
       break;
@@ -173,7 +155,7 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
 // there, all the evictable ones start their copies together and the granules' bytes count
 // as covered; otherwise none moves (the granule is not a victim yet) and the next
 // candidate is looked at.
-uint64_t Engine::Impl::evict_granule(uint32_t slot, const std::set<uint32_t>& window) {
+uint64_t Engine::Impl::evict_granule(uint32_t slot, const policy::Window& window) {
   const Slot& s = slots_[slot];
   if (pool_.shares_granule_with_ordinary(reinterpret_cast<void*>(s.addr))) return 0;
   uintptr_t lo, hi;
@@ -185,11 +167,14 @@ uint64_t Engine::Impl::evict_granule(uint32_t slot, const std::set<uint32_t>& wi
   for (; it != by_addr_.end() && it->first < hi; ++it) {
     const Slot& m = slots_[it->second];
     if (!m.live || m.addr + m.placed <= lo) continue;
-    if (evictable(it->second, window)) {
-      group.push_back(it->second);
-    } else if (!(m.residency == Residency::kEvicted || (m.residency == Residency::kEvicting && !m.cancel) ||
-                 (m.residency == Residency::kClean && !window.count(it->second)))) {
-      return 0;  // in use, in the window or fetching: the page stays
+    switch (policy::granule_mate(view(it->second), window.count(it->second))) {
+      case policy::Mate::kJoins:
+        group.push_back(it->second);
+        break;
+      case policy::Mate::kAway:
+        break;
+      case policy::Mate::kHolds:
+        return 0;  // in use, in the window or fetching: the page stays
     }
   }
   for (uint32_t m : group)

@@ -1,14 +1,16 @@
 // Engine::Impl: the eviction engine's state and what its .cpp files share. Private to
 // src/residency; engine.h is the interface and holds the states and rules (Note [Block
-// states]); the order of use is policy/use_order.h, the plan policy/planner.h.
+// states]); the order of use is policy/use_order.h, the reactive policy policy/reactive.h,
+// the plan policy/planner.h.
 //
 // The engine's mechanics, one concept per file:
 //   engine.cpp          the tracker protocol: tagged allocations and frees, pack, mark_cold,
 //                       unpack, release, prefetch
 //   engine_copies.cpp   copies: an eviction's copy out, fetches (ahead of use, planned,
 //                       on demand), shared granules, completing copies
-//   engine_reclaim.cpp  giving memory back: victims, dropping clean blocks, making room,
-//                       the pool's reclaimer, the soft watermark, the pressure report
+//   engine_reclaim.cpp  giving memory back as the reactive policy (policy/reactive.h)
+//                       decides: dropping clean blocks, waiting for evictions, the
+//                       prefetches it asks for, the pressure report
 //   engine_steps.cpp    recording steps and following their plan (policy/step_recorder.h)
 //   engine_inspect.cpp  statistics, peaks, check_invariants
 //
@@ -35,6 +37,7 @@
 #include "cuda/error.h"
 #include "cuda/event.h"
 #include "cuda/stream.h"
+#include "policy/reactive.h"
 #include "policy/step_recorder.h"
 #include "policy/use_order.h"
 #include "residency/engine.h"
@@ -45,7 +48,7 @@ namespace detail {
 
 using ReclaimMode = pool::DevicePool::ReclaimMode;
 
-enum class Residency { kResident, kEvicting, kClean, kEvicted, kFetching };
+using Residency = policy::BlockState;
 
 struct Slot {
   bool live = false;
@@ -108,7 +111,9 @@ inline std::string hex(uint64_t v) {
 }  // namespace detail
 using namespace detail;  // this header is the engine's own: its files use these unqualified
 
-class Engine::Impl {
+// The engine carries out the reactive policy's decisions (policy/reactive.h) as its
+// ReactiveEngine: those overrides are the mechanics, the choices are the policy's.
+class Engine::Impl : private policy::ReactiveEngine {
  public:
   Impl(pool::DevicePool& pool, const EngineOptions& options);
 
@@ -151,7 +156,7 @@ class Engine::Impl {
     const uint64_t before = unmapped_total_;
     host_refusal_.clear();  // the report of an out-of-memory after this says this round's reason
     try {
-      return reclaim_locked(bytes, mode);
+      return reactive().reclaim(bytes, mode == ReclaimMode::kFull);
     } catch (const std::exception& e) {
       // The allocation that asked goes on with what was freed (its out-of-memory report, if
       // it comes to that, says why eviction stopped); every step was undone or completed.
@@ -209,25 +214,29 @@ class Engine::Impl {
     *hi = round_up(s.addr + s.placed, g);
   }
   // The soft limit in bytes: the limit when none is set.
-  uint64_t soft_limit() const {
+  uint64_t soft_limit() const override {
     return options_.soft_limit_bytes > 0 ? options_.soft_limit_bytes : pool_.stats().limit_bytes;
   }
-  bool evictable(uint32_t slot, const std::set<uint32_t>& window) const {
+  // The reactive policy for this call (the use order and the plan as they are now).
+  policy::Reactive reactive() { return policy::Reactive(order_, options_.horizon, recorder_.following(), *this); }
+  // policy::ReactiveEngine: the policy's view of a block, and what it asks the engine to do.
+  policy::BlockView view(uint32_t slot) const override {
     const Slot& s = slots_[slot];
-    return s.live && s.residency == Residency::kResident && s.cold && !s.unpacked && !window.count(slot);
+    return {s.live, s.residency, s.cold, s.unpacked, s.cancel, recorder_.planned_out(s.step_block),
+            shares_granules(s), s.placed};
   }
-  std::set<uint32_t> window_set() const {
-    auto w = order_.window(options_.horizon);
-    return {w.begin(), w.end()};
-  }
-  // A clean block the prefetch window keeps: not one the plan being followed wants out now
-  // (the window is the reactive policy's; following, it stands aside for the plan's victims,
-  // else the reactive policy evicts a block the plan keeps in a victim's place).
-  bool kept_clean(uint32_t slot, const std::set<uint32_t>& window) const {
-    return window.count(slot) && !recorder_.planned_out(slots_[slot].step_block);
-  }
+  uint64_t unmapped_total() const override { return unmapped_total_; }
+  uint64_t leaving_bytes() const override { return in_flight_bytes(Residency::kEvicting); }
+  uint64_t clean_bytes() const override { return st_.clean_bytes; }
+  bool copies_in_flight() const override { return !in_flight_.empty(); }
+  std::vector<std::pair<uint64_t, uint32_t>> queued_evictions() const override;
+  bool await_eviction(uint32_t slot, uint64_t seq) override;
+  void cancel_eviction(uint32_t slot) override { slots_[slot].cancel = true; }
+  bool prefetch(uint32_t slot, bool ahead) override;
+  bool fetches_in_flight() const override { return in_flight_bytes(Residency::kFetching) > 0; }
+  uint64_t mapped_bytes() const override { return pool_.stats().mapped_bytes; }
   // Starts the D2H copy of a cold resident block. False when the host tier is full.
-  bool start_eviction(uint32_t slot);
+  bool start_eviction(uint32_t slot) override;
   // How a fetch finds memory. kNeeded (a fault, a release): evicts others, waiting, when
   // memory is short. kPrefetch (the window): memory free now or behind pending frees'
   // events, else clean blocks needed later; it starts evictions for next time but never
@@ -245,16 +254,13 @@ class Engine::Impl {
   // granules when that frees them (every other tagged block there is away or leaving, no
   // ordinary block lives there), and returns the bytes that will free; else evicts nothing
   // and returns 0 (Note [A shared granule goes as a whole]).
-  uint64_t evict_granule(uint32_t slot, const std::set<uint32_t>& window);
+  uint64_t evict_granule(uint32_t slot, const policy::Window& window) override;
   // After a fetch of a small block (below half a granule: it shares its granule) started:
   // starts the fetches of the evicted blocks that lie wholly on the granules it needed, now
   // mapped for it (Note [A shared granule comes back whole]).
   void fetch_granule_mates(uint32_t slot);
-  // With no fetch in flight: the next evicted block past the window, if memory below the
-  // soft limit is free for it now (nothing is given up or waited for). See Note [Fetch ahead].
-  void fetch_ahead();
   // Completes copies whose events completed (all of them, waiting, with `wait`).
-  void complete_copies(bool wait);
+  void complete_copies(bool wait) override;
   void finish(uint32_t slot);
   // The bytes of the copies under way in one direction (kEvicting: those not cancelled).
   uint64_t in_flight_bytes(Residency direction) const {
@@ -279,31 +285,11 @@ class Engine::Impl {
     s.residency = Residency::kResident;
     st_.clean_bytes -= s.placed;
   }
-  // Starts evictions of Belady victims until `bytes` more are on their way out; returns the
-  // bytes started. With `window_too`, blocks kept for the prefetch window are victims as
-  // well (reclaim's last resort).
-  uint64_t start_victims(uint64_t bytes, uint32_t except, bool window_too = false);
-  // Unmaps clean blocks, needed furthest away first, until `bytes` were freed; returns the
-  // bytes freed. `window_too` as for start_victims.
-  uint64_t drop_clean(uint64_t bytes, uint32_t except, bool window_too = false);
-  // Belady's rule over clean and evictable blocks together: from the block needed furthest
-  // away, drops clean blocks (at once) and starts the eviction of evictable ones, until
-  // those and the evictions in flight make `bytes`. Returns the bytes freed now (dropped).
-  uint64_t make_room(uint64_t bytes, uint32_t except, bool window_too = false);
-  // Waits for the evictions under way one at a time, in the order they were queued (the order
-  // the copy engine runs them), giving up blocks as they land clean (drop_clean), until
-  // `bytes` have been freed. Waiting for all of them, an allocation that needed one block's
-  // room waited for every planned eviction queued ahead (38 ms of copies on gpt-small-v10k
-  // at 75%).
-  void await_evictions(uint64_t bytes, uint32_t except, bool window_too);
   // Gives up a clean block's pages (it becomes evicted); returns the bytes unmapped, which
   // leave out granules it shares with blocks still in use. Throws cuda::CudaError when
   // nothing could be unmapped.
-  uint64_t drop(uint32_t slot);
-  // Frees at least `bytes` of device memory as Engine::reclaim. Returns the bytes freed.
-  uint64_t reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t except = UINT32_MAX);
+  uint64_t drop(uint32_t slot) override;
 
-  void maybe_soft_evict();
   // Note [Recording and following a step] (policy/step_recorder.h): a new step, a point of
   // it (then the plan's fetches due after it), and its end once nothing is tracked.
   void begin_step();

@@ -20,9 +20,9 @@ EngineStats Engine::Impl::stats() {
   s.peak_resident_bytes = ps.peak_mapped_bytes;
   s.host_bytes = host_.used_bytes();
   s.peak_host_bytes = std::max(s.peak_host_bytes, s.host_bytes);
-  const std::set<uint32_t> window = window_set();
+  const policy::Window window = policy::window_of(order_, options_.horizon);
   for (uint32_t slot = 0; slot < slots_.size(); ++slot)
-    if (evictable(slot, window)) s.evictable_bytes += slots_[slot].placed;
+    if (policy::evictable(view(slot), window.count(slot))) s.evictable_bytes += slots_[slot].placed;
   return s;
 }
 

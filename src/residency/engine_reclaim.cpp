@@ -1,23 +1,10 @@
-// Giving device memory back: choosing victims (the block needed furthest in the future
-// first, policy/use_order.h), dropping clean blocks' pages, making room for a fetch, the
-// pool's reclaimer (what it can free now, then waiting for copies), the soft watermark,
-// and the report an out-of-memory carries.
+// Giving device memory back, as the reactive policy decides (policy/reactive.h, Note [The
+// reactive policy]): dropping a clean block's pages, waiting for an eviction in the order
+// the copy engine runs them, the prefetches the policy asks for, and the report an
+// out-of-memory carries.
 #include "residency/engine_impl.h"
 
 namespace vramswap::residency {
-
-uint64_t Engine::Impl::start_victims(uint64_t bytes, uint32_t except, bool window_too) {
-  const std::set<uint32_t> window = window_too ? std::set<uint32_t>() : window_set();
-  uint64_t started = 0;
-  order_.each_furthest_first([&](uint32_t slot) {
-    if (started >= bytes) return false;
-    if (slot == except || !evictable(slot, window)) return true;
-    if (!start_eviction(slot)) return false;  // the host tier is full
-    started += slots_[slot].placed;
-    return true;
-  });
-  return started;
-}
 
 uint64_t Engine::Impl::drop(uint32_t slot) {
   Slot& s = slots_[slot];
@@ -38,112 +25,26 @@ uint64_t Engine::Impl::drop(uint32_t slot) {
   return freed;
 }
 
-uint64_t Engine::Impl::drop_clean(uint64_t bytes, uint32_t except, bool window_too) {
-  if (st_.clean_bytes == 0) return 0;
-  const std::set<uint32_t> window = window_too ? std::set<uint32_t>() : window_set();
-  uint64_t dropped = 0;
-  order_.each_furthest_first([&](uint32_t slot) {
-    if (dropped >= bytes) return false;
-    if (slot == except || slots_[slot].residency != Residency::kClean || kept_clean(slot, window)) return true;
-    dropped += drop(slot);
-    return true;
-  });
-  return dropped;
-}
-
-uint64_t Engine::Impl::make_room(uint64_t bytes, uint32_t except, bool window_too) {
-  const std::set<uint32_t> window = window_too ? std::set<uint32_t>() : window_set();
-  uint64_t covered = in_flight_bytes(Residency::kEvicting);  // evictions under way free pages too
-  const uint64_t unmapped_before = unmapped_total_;
-  order_.each_furthest_first([&](uint32_t slot) {
-    if (covered >= bytes) return false;
-    if (slot == except) return true;
-    Slot& s = slots_[slot];
-    if (s.residency == Residency::kClean && !kept_clean(slot, window)) {
-      covered += drop(slot);  // what it freed: a granule shared with a block in use stays
-    } else if (!evictable(slot, window)) {
-      return true;  // not a victim
-    } else if (shares_granules(s)) {
-      covered += evict_granule(slot, window);
-    } else if (!start_eviction(slot)) {
-      return true;  // the host tier is full: only clean blocks help
-    } else {
-      covered += s.placed;
-    }
-    return true;
-  });
-  return unmapped_total_ - unmapped_before;
-}
-
-uint64_t Engine::Impl::reclaim_locked(uint64_t bytes, ReclaimMode mode, uint32_t except) {
-  const uint64_t unmapped_before = unmapped_total_;
-  auto freed = [&] { return unmapped_total_ - unmapped_before; };
-  // Copies that already landed first: an eviction that completed leaves a clean block to
-  // drop at once; a fetch that completed makes its block resident, and it may be a victim
-  // by now (the window moved on while it was in flight).
-  complete_copies(false);
-  if (recorder_.following()) {
-    // The plan's victims, copied out since they went cold, are what it gives up at once; no
-    // eviction starts beyond the plan before the pool has tried its own measures (the
-    // forward's cached blocks, once the stream is synchronized: waiting for queued work
-    // costs less than two copies over the bus). An allocation that must wait gives them up
-    // first as well: Belady's rule over clean and evictable blocks together copies out a
-    // block needed later than a victim of the plan, which only wants its pages unmapped.
-    drop_clean(bytes, except);
-    if (mode == ReclaimMode::kNoWait || freed() >= bytes) return freed();
-  }
-  make_room(bytes - freed(), except);
-  if (mode == ReclaimMode::kNoWait) return freed();
-  // Rounds 0 and 1 spare the prefetch window; waiting for round 0's copies may land fetches
-  // whose blocks are victims for round 1. Round 2 is the last resort before an out-of-memory:
-  // it takes blocks kept for the prefetch window too (they come back late, as faults, but
-  // the step goes on).
-  bool landed = true;  // copies may have landed since victims were last looked for
-  for (int round = 0; round < 3 && freed() < bytes; ++round) {
-    const bool window_too = round == 2;
-    if (!landed && !window_too) continue;
-    if (round > 0) make_room(bytes - freed(), except, window_too);
-    landed = !in_flight_.empty();
-    if (landed && freed() < bytes) {  // (make_room may have dropped enough clean blocks)
-      // The evictions first, oldest first, as far as needed; then fetches too (a block that
-      // lands may be a victim by now), which free nothing themselves.
-      await_evictions(bytes - freed(), except, window_too);
-      if (freed() < bytes) {
-        complete_copies(true);
-        drop_clean(bytes - freed(), except, window_too);
-      }
-    }
-  }
-  return freed();
-}
-
-void Engine::Impl::await_evictions(uint64_t bytes, uint32_t except, bool window_too) {
-  const uint64_t unmapped_before = unmapped_total_;
-  auto freed = [&] { return unmapped_total_ - unmapped_before; };
+std::vector<std::pair<uint64_t, uint32_t>> Engine::Impl::queued_evictions() const {
   std::vector<std::pair<uint64_t, uint32_t>> queued;  // (copy_seq, slot)
   for (uint32_t slot : in_flight_)
     if (slots_[slot].residency == Residency::kEvicting) queued.emplace_back(slots_[slot].copy_seq, slot);
   std::sort(queued.begin(), queued.end());
-  for (const auto& [seq, slot] : queued) {
-    if (freed() >= bytes) return;
-    Slot& s = slots_[slot];
-    if (s.residency != Residency::kEvicting || s.copy_seq != seq) continue;  // reaped meanwhile
-    s.copy_event.synchronize();
-    complete_copies(false);  // reaps it, and whatever else has landed
-    if (freed() < bytes) drop_clean(bytes - freed(), except, window_too);
-  }
+  return queued;
 }
 
-void Engine::Impl::maybe_soft_evict() {
-  // Following a plan, its evictions replace the watermark's: copies made for the watermark
-  // would be bytes the plan does not need out.
-  if (options_.soft_limit_bytes == 0 || recorder_.following()) return;
-  // Clean blocks count as gone: their pages are given up at once when memory is needed.
-  const uint64_t mapped = pool_.stats().mapped_bytes;
-  const uint64_t resident = mapped - std::min(mapped, st_.clean_bytes);
-  const uint64_t leaving = in_flight_bytes(Residency::kEvicting);
-  if (resident <= options_.soft_limit_bytes + leaving) return;
-  start_victims(resident - options_.soft_limit_bytes - leaving, UINT32_MAX);
+bool Engine::Impl::await_eviction(uint32_t slot, uint64_t seq) {
+  Slot& s = slots_[slot];
+  if (s.residency != Residency::kEvicting || s.copy_seq != seq) return false;  // reaped meanwhile
+  s.copy_event.synchronize();
+  complete_copies(false);  // reaps it, and whatever else has landed
+  return true;
+}
+
+bool Engine::Impl::prefetch(uint32_t slot, bool ahead) {
+  if (!start_fetch(slot, ahead ? Fetch::kAhead : Fetch::kPrefetch).ok) return false;
+  ++st_.num_prefetches;
+  return true;
 }
 
 std::string Engine::Impl::pressure_report() {
