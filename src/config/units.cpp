@@ -115,4 +115,10 @@ std::string format_pointer(const void* p) {
   return buf;
 }
 
+std::string format_hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 }  // namespace vramswap

@@ -46,6 +46,10 @@ std::string format_size(uint64_t bytes);
 // Thread-safe: pure.
 std::string format_pointer(const void* p);
 
+// A number in hexadecimal with "0x" ("0x1f"), for handles and addresses held as integers.
+// Thread-safe: pure.
+std::string format_hex(uint64_t v);
+
 // `v` rounded up to a multiple of `to` (> 0; no overflow check: the callers' values are
 // sizes far below UINT64_MAX). Thread-safe: pure.
 constexpr uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }

@@ -211,12 +211,12 @@ Slot* Engine::Impl::resolve(uint64_t handle, const char* what, std::string* erro
     return nullptr;
   }
   if (int(handle >> kDeviceShift) != device_ || slot >= slots_.size()) {
-    *error = std::string(what) + ": handle " + hex(handle) + " was not given out by vramswap";
+    *error = std::string(what) + ": handle " + format_hex(handle) + " was not given out by vramswap";
     return nullptr;
   }
   Slot& s = slots_[slot];
   if (!s.live || s.generation != generation || s.packs == 0) {
-    *error = std::string(what) + ": handle " + hex(handle) +
+    *error = std::string(what) + ": handle " + format_hex(handle) +
              " is stale: its block was released or freed since it was packed";
     return nullptr;
   }
@@ -229,7 +229,7 @@ Status Engine::Impl::mark_cold(uint64_t handle, cudaStream_t stream) {
   std::string error;
   Slot* s = resolve(handle, "mark_cold", &error);
   if (!s) return {false, error};
-  const std::string block = "mark_cold: block " + hex(s->addr);
+  const std::string block = "mark_cold: block " + format_hex(s->addr);
   try {
     if (cuda::is_capturing(stream))
       return {false, block + ": its stream is capturing a CUDA graph, where the point of no use cannot be "
@@ -271,7 +271,7 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
     capturing = cuda::is_capturing(stream);
     complete_copies(false);
   } catch (const cuda::CudaError& e) {
-    return {false, "unpack of block " + hex(s->addr) + ": " + e.what()};
+    return {false, "unpack of block " + format_hex(s->addr) + ": " + e.what()};
   }
   switch (s->residency) {
     case Residency::kResident:
@@ -286,7 +286,7 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
       break;
     case Residency::kEvicted: {
       if (capturing)
-        return {false, "unpack of an evicted block (" + hex(s->addr) +
+        return {false, "unpack of an evicted block (" + format_hex(s->addr) +
                            ") on a stream that is capturing a CUDA graph: it cannot be fetched now"};
       ++st_.num_faults;
       Status r = start_fetch(slot, Fetch::kNeeded);
@@ -313,7 +313,7 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
       cuda::wait_event(stream, *after);
     }
   } catch (const cuda::CudaError& e) {
-    return {false, "unpack of block " + hex(s->addr) + ": ordering the stream after its data failed: " + e.what() +
+    return {false, "unpack of block " + format_hex(s->addr) + ": ordering the stream after its data failed: " + e.what() +
                        "; the block is on the device, call unpack again"};
   }
   s->unpacked = true;
@@ -362,7 +362,7 @@ Status Engine::Impl::release(uint64_t handle) {
       slots_[slot].copy_event.synchronize();
       complete_copies(false);
     } catch (const cuda::CudaError& e) {
-      return {false, "release: waiting for the fetch of block " + hex(slots_[slot].addr) + " failed: " + e.what() +
+      return {false, "release: waiting for the fetch of block " + format_hex(slots_[slot].addr) + " failed: " + e.what() +
                          "; the block stays packed, its handle valid"};
     }
   }

@@ -9,7 +9,7 @@ namespace vramswap::residency {
 bool Engine::Impl::start_eviction(uint32_t slot) {
   Slot& s = slots_[slot];
   if (s.requested > host_.limit_bytes()) {
-    host_refusal_ = "block " + hex(s.addr) + " (" + format_size(s.requested) +
+    host_refusal_ = "block " + format_hex(s.addr) + " (" + format_size(s.requested) +
                     ") is larger than the host tier's limit (VRAMSWAP_HOST_LIMIT, " + format_size(host_.limit_bytes()) +
                     "): it can never be evicted";
     return false;
@@ -17,7 +17,7 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
   std::string error;
   void* host = host_.allocate(s.requested, &error);
   if (!host) {
-    host_refusal_ = "no pinned host memory for block " + hex(s.addr) + " (" + format_size(s.requested) + "): " + error;
+    host_refusal_ = "no pinned host memory for block " + format_hex(s.addr) + " (" + format_size(s.requested) + "): " + error;
     return false;
   }
   cuda::Event copied;
@@ -99,7 +99,7 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
     const bool out_of_memory = kind == Fetch::kNeeded && mapped.out_of_memory;
     if (out_of_memory) pool_.count_out_of_memory();
     return {false,
-            "cannot bring block " + hex(s.addr) + " (" + format_size(s.placed) + ") back to the device: " +
+            "cannot bring block " + format_hex(s.addr) + " (" + format_size(s.placed) + ") back to the device: " +
                 mapped.message,
             out_of_memory};
   }
@@ -128,7 +128,7 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
     // uses them as they are.
     bool partly = false;
     if (!quiet || (!pool_.unmap_block(addr, &partly).ok && !partly)) s.pages_kept = true;
-    return {false, "cannot bring block " + hex(s.addr) + " back to the device: " + e.what() +
+    return {false, "cannot bring block " + format_hex(s.addr) + " back to the device: " + e.what() +
                        "; it stays on the host (a later unpack tries again)"};
   }
   static constexpr const char* kWhy[] = {"fetch started (needed now: a fault)", "fetch started (prefetch window)",
@@ -238,10 +238,10 @@ void Engine::Impl::finish(uint32_t slot) {
       if (got != s.checksum) {
         ++st_.num_verify_failures;
         stats::log_always(stats::LogLevel::kError,
-                          ("VRAMSWAP_VERIFY: block " + hex(s.addr) + " (" + std::to_string(s.requested) +
+                          ("VRAMSWAP_VERIFY: block " + format_hex(s.addr) + " (" + std::to_string(s.requested) +
                            " bytes) on device " + std::to_string(device_) +
-                           " came back different from what was evicted (checksum " + hex(got) + ", expected " +
-                           hex(s.checksum) + ")")
+                           " came back different from what was evicted (checksum " + format_hex(got) + ", expected " +
+                           format_hex(s.checksum) + ")")
                               .c_str());
       }
     }

@@ -102,12 +102,6 @@ inline uint64_t checksum(const void* data, size_t n) {
   return h;
 }
 
-inline std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 }  // namespace detail
 using namespace detail;  // this header is the engine's own: its files use these unqualified
 
@@ -275,7 +269,7 @@ class Engine::Impl : private policy::ReactiveEngine {
   // way, a drop, an unpack's outcome).
   void debug(const char* what, const Slot& s) const {
     if (stats::log_enabled(stats::LogLevel::kDebug))
-      stats::log(stats::LogLevel::kDebug, "device %d: block %s (%s): %s", device_, hex(s.addr).c_str(),
+      stats::log(stats::LogLevel::kDebug, "device %d: block %s (%s): %s", device_, format_hex(s.addr).c_str(),
                  format_size(s.requested).c_str(), what);
   }
   // A clean block becomes plainly resident: its host copy is not needed any more.

@@ -41,7 +41,7 @@ std::string Engine::Impl::check_invariants() {
       continue;
     }
     ++live;
-    const std::string block = "block " + hex(s.addr);
+    const std::string block = "block " + format_hex(s.addr);
     auto at = by_addr_.find(s.addr);
     expect(at != by_addr_.end() && at->second == slot, block + " is missing from the address map");
     {

@@ -11,7 +11,7 @@ uint64_t Engine::Impl::drop(uint32_t slot) {
   bool partly = false;
   uint64_t freed = 0;
   pool::Result r = pool_.unmap_block(reinterpret_cast<void*>(s.addr), &partly, &freed);
-  if (!r.ok && !partly) throw cuda::CudaError("eviction of " + hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
+  if (!r.ok && !partly) throw cuda::CudaError("eviction of " + format_hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
   // Unmapped, or partly: the host copy is whole, and a fetch maps what is missing.
   s.residency = Residency::kEvicted;
   debug(r.ok ? "evicted (pages given up)" : "evicted (pages partly given up)", s);
@@ -21,7 +21,7 @@ uint64_t Engine::Impl::drop(uint32_t slot) {
   unmapped_total_ += freed;
   st_.clean_bytes -= s.placed;
   st_.evicted_bytes += s.placed;
-  if (!r.ok) throw cuda::CudaError("eviction of " + hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
+  if (!r.ok) throw cuda::CudaError("eviction of " + format_hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
   return freed;
 }
 

@@ -1,23 +1,17 @@
-// The process-wide allocator. See allocator.h, Note [The process-wide allocator].
+// The process-wide allocator (allocator.h, Note [The process-wide allocator]): its
+// configuration, one pool and engine per device created on first use, allocations and
+// frees routed to them, the offload scope. The tracker protocol is allocator_tracker.cpp,
+// whole-device events allocator_devices.cpp, what it reports allocator_reports.cpp.
 #include "runtime/allocator.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include "config/units.h"
 #include "cuda/device.h"
 #include "cuda/error.h"
-#include "cuda/host_time.h"
 #include "cuda/stream.h"
-#include "runtime/snapshot_document.h"
-#include "runtime/stats_document.h"
 #include "stats/log.h"
-#include "stats/stats_file.h"
 
 namespace vramswap {
 namespace {
@@ -38,12 +32,6 @@ std::string one_line(std::string text) {
 // The calling thread's offload scope depth (Allocator::scope_push). A plain int: it has no
 // destructor, so it is safe in threads that outlive the library's teardown.
 thread_local int t_scope_depth = 0;
-
-std::string handle_text(uint64_t handle) {
-  char text[24];
-  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(handle));
-  return text;
-}
 
 void write_stats_at_exit() {
   // instance() is already constructed when this handler is registered.
@@ -257,7 +245,7 @@ FreeOutcome Allocator::deallocate(void* ptr, int device_hint, cudaStream_t strea
   if (tagged && r.ok) num_live_tagged_.fetch_sub(1, std::memory_order_relaxed);
   if (!r.ok) {
     // The engine refuses only a block freed by another thread since is_tagged(): say whose.
-    if (tagged) r.message = "free of tagged block " + handle_text(reinterpret_cast<uintptr_t>(ptr)) + ": " + r.message;
+    if (tagged) r.message = "free of tagged block " + format_hex(reinterpret_cast<uintptr_t>(ptr)) + ": " + r.message;
     *error = std::move(r.message);
     return FreeOutcome::kRefused;
   }
@@ -311,226 +299,5 @@ bool Allocator::scope_pop() {
 }
 
 int Allocator::scope_depth() { return t_scope_depth; }
-
-uint64_t Allocator::pack(const void* ptr, cudaStream_t stream) {
-  if (num_live_tagged_.load(std::memory_order_relaxed) == 0) return 0;
-  const int owner = owner_of(ptr);
-  return owner < 0 ? 0 : engine(owner)->pack(ptr, stream);
-}
-
-void Allocator::graph_begin() {
-  const int bound = device_bound_.load(std::memory_order_acquire);
-  for (int d = 0; d < bound; ++d)
-    if (residency::Engine* e = engine(d)) e->graph_begin();
-}
-
-residency::Engine* Allocator::engine_of_handle(uint64_t handle, const char* what, std::string* error) const {
-  if (handle == 0) {
-    *error = std::string(what) + ": handle 0 names no block (vramswap_pack returns 0 for a block that cannot be "
-                                 "offloaded)";
-    return nullptr;
-  }
-  const int device = residency::Engine::handle_device(handle);
-  if (residency::Engine* e = engine(device)) return e;
-  *error = std::string(what) + ": handle " + handle_text(handle) + " was not given out by vramswap (it names device " +
-           std::to_string(device) + ", where vramswap has allocated nothing)";
-  return nullptr;
-}
-
-residency::Status Allocator::mark_cold(uint64_t handle, cudaStream_t stream) {
-  std::string error;
-  residency::Engine* e = engine_of_handle(handle, "mark_cold", &error);
-  return e ? e->mark_cold(handle, stream) : residency::Status{false, error};
-}
-
-residency::Status Allocator::unpack(uint64_t handle, cudaStream_t stream) {
-  std::string error;
-  residency::Engine* e = engine_of_handle(handle, "unpack", &error);
-  return e ? e->unpack(handle, stream) : residency::Status{false, error};
-}
-
-residency::Status Allocator::release(uint64_t handle) {
-  std::string error;
-  residency::Engine* e = engine_of_handle(handle, "release", &error);
-  return e ? e->release(handle) : residency::Status{false, error};
-}
-
-residency::Status Allocator::prefetch(uint64_t handle) {
-  std::string error;
-  residency::Engine* e = engine_of_handle(handle, "prefetch", &error);
-  return e ? e->prefetch(handle) : residency::Status{false, error};
-}
-
-bool Allocator::record_stream(void* ptr, cudaStream_t stream, std::string* error) {
-  const int owner = owner_of(ptr);
-  if (owner < 0) {
-    char text[112];
-    std::snprintf(text, sizeof text, "record_stream on %p: not a pointer vramswap allocated", ptr);
-    *error = text;
-    return false;
-  }
-  pool::Result r = pool(owner)->record_stream(ptr, stream);
-  if (!r.ok) *error = std::move(r.message);
-  return r.ok;
-}
-
-namespace {
-
-// False with *error set ("<what>: expected devices 0 to N") for a device past kMaxDevices.
-bool devices_in_range(std::initializer_list<int> devices, const std::string& what, std::string* error) {
-  for (int d : devices) {
-    if (d < 0 || d >= Allocator::kMaxDevices) {
-      *error = what + ": expected devices 0 to " + std::to_string(Allocator::kMaxDevices - 1);
-      return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
-
-bool Allocator::capture_began(int device, std::string* error) {
-  if (!devices_in_range({device}, "capture begins on device " + std::to_string(device), error)) return false;
-  captures_[device].fetch_add(1, std::memory_order_acq_rel);
-  return true;
-}
-
-bool Allocator::capture_ended(int device, std::string* error) {
-  if (!devices_in_range({device}, "capture ends on device " + std::to_string(device), error)) return false;
-  int n = captures_[device].load(std::memory_order_acquire);
-  while (n > 0 && !captures_[device].compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) {
-  }
-  if (n > 0) return true;
-  *error = "capture ends on device " + std::to_string(device) + ": no capture had begun there";
-  return false;
-}
-
-bool Allocator::enable_peer_access(int device, int peer, std::string* error) {
-  if (!devices_in_range({device, peer},
-                        "peer access from device " + std::to_string(device) + " to device " + std::to_string(peer),
-                        error))
-    return false;
-  if (device == peer) return true;
-  pool::DevicePool* p = nullptr;
-  {
-    std::lock_guard lock(mu_);
-    peers_[peer] |= uint64_t(1) << device;  // a pool created from now on grants it from the start
-    p = pool(peer);
-  }
-  if (!p) return true;
-  pool::Result r = p->grant_peer(device);
-  if (!r.ok) *error = std::move(r.message);
-  return r.ok;
-}
-
-bool Allocator::stream_destroyed(cudaStream_t stream, std::string* error) {
-  const int bound = device_bound_.load(std::memory_order_acquire);
-  bool ok = true;
-  for (int d = 0; d < bound; ++d)
-    if (pool::DevicePool* p = pool(d)) {
-      pool::Result r = p->stream_destroyed(stream);
-      if (!r.ok) {
-        if (ok) *error = std::move(r.message);
-        ok = false;
-      }
-    }
-  return ok;
-}
-
-void Allocator::empty_cache() {
-  const int bound = device_bound_.load(std::memory_order_acquire);
-  for (int d = 0; d < bound; ++d)
-    if (pool::DevicePool* p = pool(d)) {
-      p->empty_cache();
-      if (residency::Engine* e = engine(d)) e->trim_host();  // the device was just synchronized
-    }
-}
-
-void Allocator::reset_peaks() {
-  const int bound = device_bound_.load(std::memory_order_acquire);
-  for (int d = 0; d < bound; ++d) {
-    if (pool::DevicePool* p = pool(d)) {
-      p->reset_peaks();
-      engine(d)->reset_peaks();
-    }
-  }
-}
-
-Allocator::DeviceMemory Allocator::device_memory(int device, uint64_t card_bytes) const {
-  DeviceMemory m;
-  if (pool::DevicePool* p = pool(device)) {
-    pool::PoolStats s = p->stats();
-    m.limit_bytes = s.limit_bytes;
-    m.allocated_bytes = s.allocated_bytes;
-    m.reserved_bytes = s.reserved_bytes;
-    return m;
-  }
-  std::lock_guard lock(mu_);
-  m.limit_bytes = config_.resolve_limit(card_bytes);
-  return m;
-}
-
-std::string Allocator::stats_json() const {
-  std::vector<DeviceStats> devices;
-  const int bound = device_bound_.load(std::memory_order_acquire);
-  for (int d = 0; d < bound; ++d)
-    if (pool::DevicePool* p = pool(d)) devices.push_back({d, p->stats(), engine(d)->stats()});
-  return stats_document(devices, num_invalid_frees_.load(std::memory_order_relaxed), cuda::host_times());
-}
-
-void Allocator::mark_used() {
-  if (user_pid_.load(std::memory_order_relaxed) == 0) user_pid_.store(static_cast<int>(::getpid()));
-}
-
-void Allocator::record_history(size_t max_entries) {
-  std::lock_guard lock(mu_);  // a pool made meanwhile starts with the same setting
-  history_entries_ = max_entries;
-  const int bound = device_bound_.load(std::memory_order_acquire);
-  for (int d = 0; d < bound; ++d)
-    if (pool::DevicePool* p = pool(d)) p->record_history(max_entries);
-}
-
-std::string Allocator::snapshot_json() const {
-  std::vector<DeviceMemoryView> devices;
-  const int bound = device_bound_.load(std::memory_order_acquire);
-  for (int d = 0; d < bound; ++d)
-    if (pool::DevicePool* p = pool(d)) devices.push_back({d, p->memory_view()});
-  return snapshot_document(devices);
-}
-
-std::string Allocator::check_invariants() const {
-  std::string broken;
-  const int bound = device_bound_.load(std::memory_order_acquire);
-  for (int d = 0; d < bound; ++d) {
-    pool::DevicePool* p = pool(d);
-    if (!p) continue;
-    for (const std::string& why : {p->check_invariants(), engine(d)->check_invariants()})
-      if (!why.empty()) broken += (broken.empty() ? "" : "; ") + ("device " + std::to_string(d) + ": ") + why;
-  }
-  return broken;
-}
-
-void Allocator::write_stats_file() const {
-  if (user_pid_.load() != static_cast<int>(::getpid())) return;  // see allocator.h
-  std::string path;
-  {
-    std::lock_guard lock(mu_);
-    path = config_.stats_file;
-  }
-  if (path.empty()) return;
-  path = stats::expand_stats_path(path, static_cast<long>(::getpid()), std::getenv("RANK"));
-  std::string document;
-  try {
-    document = stats_json() + "\n";
-  } catch (const std::exception& e) {
-    log(LogLevel::kWarn, "cannot write the statistics to %s: %s", path.c_str(), e.what());
-    return;
-  }
-  if (const std::string why = stats::write_stats_file(path, document); !why.empty()) {
-    log(LogLevel::kWarn, "cannot write the statistics to %s: %s", path.c_str(), why.c_str());
-    return;
-  }
-  log(LogLevel::kInfo, "statistics written to %s", path.c_str());
-}
 
 }  // namespace vramswap
