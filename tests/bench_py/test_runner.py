@@ -112,6 +112,9 @@ def main():
           f"{none['bytes_d2h']} B out, {none['bytes_h2d']} B in")
     check("the runner's live bytes are the workload's", none["peak_live_bytes"] == w.live_bytes()[0],
           f"{none['peak_live_bytes']} != {w.live_bytes()[0]}")
+    check("offload_all completes below no offload's peak (saved tensors leave as their copies land)",
+          offload_all["status"] == "ok" and offload_all["peak_device_bytes"] < peak,
+          f"status {offload_all['status']}, peak {offload_all['peak_device_bytes']} B, no offload {peak} B")
 
     # Above the peak: the soft limit (90% of the limit) above the peak too (scenarios' 112%).
     above = scenarios._granules(1.12 * peak)

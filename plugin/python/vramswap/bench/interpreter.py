@@ -14,58 +14,13 @@ one compute stream and interprets the ops in order:
   compute  cudasim_kernel(compute, ns, label): a timed op on the compute engine
   phase    a boundary recorded for the per-phase ideal bound (below)
 
-and, per policy, the saved-tensor ops:
-
-  "none"        nothing: vramswap's pool with no offload scope. Its peak is the no-offload
-                peak; on a card smaller than that peak it runs out of memory, and the run
-                says at which op.
-  "vramswap"    what vramswap.offload() does: each forward phase runs inside
-                vramswap_scope_push/pop (allocations of at least VRAMSWAP_MIN_OFFLOAD_BYTES
-                made there are tagged) and starts with vramswap_graph_begin; save ->
-                vramswap_pack (handle 0: an untagged block, whose later ops are ignored),
-                cold -> vramswap_mark_cold, use -> vramswap_unpack, release ->
-                vramswap_release, all on the compute stream. VRAMSWAP_LIMIT, _HORIZON and
-                _SOFT_LIMIT come from the run's parameters.
-  "offload_all" what torch.autograd.graph.save_on_cpu and hook-based offloaders do, given
-                copy streams of their own (see
-
-Note [offload_all] below).
-
-Note [offload_all]
-------------------
-torch's save_on_cpu pack hook copies *every* saved tensor (activations, but also weights
-and residuals that the forward still holds) into a pinned CPU tensor, and autograd keeps
-only that copy: the device tensor is freed as soon as the forward drops it. Its unpack hook
-copies the tensor back to a new device tensor, which backward frees when it is done. The
-model here runs those copies on streams of their own, as hook-based offloaders with streams
-do (save_on_cpu itself copies on the compute stream):
-  save     a pinned host buffer (cudaHostAlloc, never freed during the run: a caching host
-           allocator would reuse it; with CUDASIM_UNBACKED it costs no RAM); an event on the
-           compute stream; the D2H stream waits for it, copies, records the "out" event
-  cold     the forward dropped the tensor: its device memory returns to the pool as soon as
-           the D2H copy has read it, with no compute stall: once the compute stream's
-           position (the end of its last kernel queued) has passed the copy's virtual end
-           (both read from cudasim's timeline as the run goes), the compute stream waits for
-           the "out" event (already complete, so free) and the block is freed on it. That is
-           record_stream's behaviour for a host that sees events complete as the GPU gets
-           there. (record_stream itself would hold the block until the *host* sees the event
-           complete, and cudasim's host clock moves only when the host waits, so the pool
-           would grow instead, past no offload's peak.) An allocation that finds no memory
-           first frees every pending original, waiting for their copies, and tries again.
-  use      if its restore has not started: a new device block (vramswap_malloc on the
-           compute stream), an event on the compute stream, the H2D stream waits for it and
-           for the "out" event, copies, records the "in" event; then the compute stream
-           waits for the "in" event
-  release  the restored device copy is freed on the compute stream (which waited for its
-           copy); the host copy is dropped
-  free     the original device memory is freed (after its copy), unless it was already
-With `horizon` > 0 the restores of the next `horizon` saved tensors in the predicted order
-of use (the order vramswap predicts: oldest forward first, last saved first) are started at
-each use, as layer-prefetching offloaders (Megatron-style CPU offload) do, as far as memory
-allows (a prefetch that finds no memory is left to the use, never an error); horizon 0 is
-save_on_cpu's behaviour: each tensor is copied back when backward asks for it. Device
-memory comes from vramswap's pool with no offload scope, so the peaks of the three policies
-are measured by one allocator.
+and the saved-tensor ops (save, cold, use, release) as the run's policy does them, one
+module each: "none" (policy_none.py: vramswap's pool with no offload scope, the no-offload
+peak), "vramswap" (policy_vramswap.py: what vramswap.offload() does, the tracker protocol)
+and "offload_all" (policy_offload_all.py, Note [offload_all]: what save_on_cpu and
+hook-based offloaders do, given copy streams of their own). Device memory comes from
+vramswap's pool under every policy, so the peaks of the three are measured by one
+allocator.
 
 Thread safety: one interpreter per process, used from one thread.
 """
@@ -78,6 +33,11 @@ import sys
 from pathlib import Path
 
 from .measure import KIND_NAMES, RunError, first_step_figures, step_start
+from .policy_none import NonePolicy
+from .policy_offload_all import OffloadAllPolicy
+from .policy_vramswap import VramswapPolicy
+
+POLICIES = {"none": NonePolicy, "vramswap": VramswapPolicy, "offload_all": OffloadAllPolicy}
 
 # ---- the child side ----------------------------------------------------------------------
 
@@ -201,38 +161,17 @@ class _Interpreter:
         self.error = None
         self.error_op = None
         self.counts = {"packs": 0, "untagged_saves": 0}
-        # vramswap
-        self.handle = {}
-        self.in_forward = False
-        # offload_all
-        self.host = {}            # tid -> pinned buffer
-        self.out_event = {}       # tid -> event after its D2H copy
-        self.original_freed = set()
-        self.restored = {}        # tid -> (device pointer of the restored copy, "in" event)
-        self.used = set()         # restored tids the compute stream waited for (a use)
-        self.order = []           # (graph, -seq, tid): saved, not yet used, in predicted order of use
-        self.order_key = {}
-        self.graph = 0
-        self.seq = 0
-        self.host_live = 0
-        self.peak_host = 0
-        self.copy_end = {}        # tid -> virtual end of its D2H copy
-        self.pending_free = []    # cold tids whose original waits for its copy to end
+        self.pol = POLICIES[self.policy](self)
         # The timeline as drained so far, and the compute stream's position in it.
         self.entries = []
         self.tail_ns = 0
+        self.last_copy_end = 0
 
     # -- the loop -------------------------------------------------------------------
     def execute(self):
-        cu, vs = self.cu, self.vs
+        cu = self.cu
         self.compute = cu.stream()
-        if self.policy == "offload_all":
-            self.d2h = cu.stream()
-            self.h2d = cu.stream()
-        kernel = cu.drv.cudasim_kernel
-        malloc, free = vs.vramswap_malloc, vs.vramswap_free
-        saved_ops = {"save", "cold", "use", "release"}
-        offload_all = self.policy == "offload_all"
+        self.pol.start()
         track = self.record
         segments, measured = self._segments()
         self.first_step = None
@@ -241,15 +180,12 @@ class _Interpreter:
         for n, (first, last) in enumerate(segments):
             if n >= 2:  # a repeat of the step: measured afresh (the last one is the result)
                 self._begin_measurement()
-            if not self._run_segment(first, last, kernel, malloc, free, saved_ops, offload_all, track):
+            if not self._run_segment(first, last, track):
                 self.error_step = max(1, n)
                 break
             if n > 0 and n < len(segments) - 1:
                 self._end_step(n)
-        if self.in_forward:
-            vs.vramswap_scope_pop()
-        if offload_all and self.status == "ok":
-            self._reap_originals(everything=True)
+        self.pol.finish()
         cu.check(cu.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
         self.end_ns = cu.now()
 
@@ -257,8 +193,7 @@ class _Interpreter:
         """A warm-up step ended: the host waits for the device (a training loop that reads
         its loss does), and after the first step its figures are kept (Note [Warm-up steps])."""
         cu = self.cu
-        if self.policy == "offload_all":
-            self._reap_originals(everything=True)
+        self.pol.quiesce()
         cu.check(cu.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
         if n == 1:
             self.end_ns = cu.now()
@@ -282,10 +217,9 @@ class _Interpreter:
         """Starts measuring here: the device idle, cudasim's counters and timeline and
         vramswap's peaks reset, its counters noted (the result reports their deltas)."""
         cu = self.cu
-        if self.policy == "offload_all":
-            self._reap_originals(everything=True)
+        self.pol.quiesce()
         cu.check(cu.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
-        self._drain()
+        self.drain()
         cu.check(cu.drv.cudasim_reset_counters(0), "cudasim_reset_counters")
         cu.drv.cudasim_timeline_clear()
         self.vs.vramswap_reset_peak_stats()
@@ -297,12 +231,14 @@ class _Interpreter:
         self.entries = []
         self.tail_ns = 0
         self.peak_live = self.live
-        self.peak_host = self.host_live
+        self.pol.begin_measurement()
         self.counts = {"packs": 0, "untagged_saves": 0}
 
-    def _run_segment(self, first, last, kernel, malloc, free, saved_ops, offload_all, track):
+    def _run_segment(self, first, last, track):
         """Runs ops[first:last]; False when the run ended (out of memory)."""
-        cu, s = self.cu, self.compute
+        cu, s, pol = self.cu, self.compute, self.pol
+        kernel = cu.drv.cudasim_kernel
+        saved_ops = ("save", "cold", "use", "release") if pol.handles_saved else ()
         for i in range(first, last):
             op = self.ops[i]
             kind = op[0]
@@ -314,9 +250,9 @@ class _Interpreter:
                 continue
             if kind == "alloc":
                 tid, n = op[1], op[2]
-                p = malloc(n, 0, s) if not offload_all else self._malloc(n)
+                p = pol.malloc(n)
                 if not p:
-                    self._oom(i, f"alloc of tensor {tid} ({n} bytes)")
+                    self.oom(i, f"alloc of tensor {tid} ({n} bytes)")
                     return False
                 self.ptr[tid] = p
                 self.size[tid] = n
@@ -325,32 +261,18 @@ class _Interpreter:
                     self.peak_live = self.live
             elif kind == "free":
                 tid = op[1]
-                n = self.size[tid]
-                self.live -= n
-                if offload_all and tid in self.out_event:
-                    self._free_restored(tid)  # freed without a release op: the copy goes too
-                    if tid in self.pending_free:
-                        self.pending_free.remove(tid)
-                    if tid not in self.original_freed:
-                        self._free_original(tid)
-                    self.original_freed.discard(tid)
-                    del self.out_event[tid]
-                else:
-                    free(self.ptr[tid], n, 0, s)
+                self.live -= self.size[tid]
+                pol.free(tid)
                 del self.size[tid]
                 del self.ptr[tid]
             elif kind == "phase":
                 self._phase(op[1])
                 continue
             elif kind in saved_ops:
-                if self.policy == "vramswap":
-                    ok = self._vramswap_op(i, kind, op[1])
-                elif self.policy == "offload_all":
-                    ok = self._offload_all_op(i, kind, op[1])
-                else:
-                    continue
-                if not ok:
+                if not pol.saved(i, kind, op[1]):
                     return False
+            elif kind in ("save", "cold", "use", "release"):
+                continue  # a policy with no saved-tensor ops
             else:
                 raise RunError(f"op {i}: unknown kind {kind!r}")
             if track:
@@ -358,7 +280,8 @@ class _Interpreter:
                 self.series.append((self.kernels, self.live, c.mapped_bytes, c.physical_bytes))
         return True
 
-    def _oom(self, i, what):
+    def oom(self, i, what):
+        """The run ends out of memory at op `i`."""
         self.status = "oom"
         self.error_op = i
         from .. import _lib
@@ -366,99 +289,11 @@ class _Interpreter:
 
     def _phase(self, name):
         self.phases.append((name, self.kernels))
-        if self.policy != "vramswap":
-            if name == "forward":
-                self.graph += 1
-                self.seq = 0
-            return
-        if name == "forward":
-            if not self.in_forward:
-                self.vs.vramswap_scope_push()
-                self.in_forward = True
-            self.vs.vramswap_graph_begin()
-        elif self.in_forward:
-            self.vs.vramswap_scope_pop()
-            self.in_forward = False
+        self.pol.phase(name)
 
-    # -- "vramswap": the tracker protocol -------------------------------------------
-    def _vramswap_op(self, i, kind, tid):
-        vs, s = self.vs, self.compute
-        if kind == "save":
-            h = vs.vramswap_pack(self.ptr[tid], s)
-            if h:
-                self.handle[tid] = h
-                self.counts["packs"] += 1
-            else:
-                self.counts["untagged_saves"] += 1
-            return True
-        h = self.handle.get(tid)
-        if not h:
-            return True
-        if kind == "cold":
-            rc = vs.vramswap_mark_cold(h, s)
-        elif kind == "use":
-            rc = vs.vramswap_unpack(h, s)
-            if rc != 0:
-                self._oom(i, f"unpack of tensor {tid}")
-                return False
-        else:
-            rc = vs.vramswap_release(h)
-            del self.handle[tid]
-            if rc != 0:
-                self._oom(i, f"release of tensor {tid}")
-                return False
-        if rc != 0:
-            from .. import _lib
-            raise RunError(f"op {i}: {kind} of tensor {tid}: {_lib.last_error()}")
-        return True
-
-    # -- "offload_all": Note [offload_all] ------------------------------------------
-    def _offload_all_op(self, i, kind, tid):
-        cu, s = self.cu, self.compute
-        n = self.size[tid]
-        if kind == "save":
-            host = ctypes.c_void_p()
-            cu.check(cu.rt.cudaHostAlloc(ctypes.byref(host), n, 0), "cudaHostAlloc")
-            ready = cu.event()
-            cu.check(cu.rt.cudaEventRecord(ready, s), "cudaEventRecord")
-            cu.check(cu.rt.cudaStreamWaitEvent(self.d2h, ready, 0), "cudaStreamWaitEvent")
-            cu.check(cu.rt.cudaMemcpyAsync(host, self.ptr[tid], n, 2, self.d2h), "cudaMemcpyAsync D2H")
-            out = cu.event()
-            cu.check(cu.rt.cudaEventRecord(out, self.d2h), "cudaEventRecord")
-            self._drain()
-            self.copy_end[tid] = self.last_copy_end
-            self.host[tid] = host.value
-            self.out_event[tid] = out
-            self.host_live += n
-            self.peak_host = max(self.peak_host, self.host_live)
-            self.seq += 1
-            key = (self.graph, -self.seq, tid)
-            self.order_key[tid] = key
-            bisect.insort(self.order, key)
-            return True
-        if kind == "cold":
-            # The forward dropped it: only the host copy is kept, and the device memory
-            # returns when the copy is done (_reap_originals).
-            self.pending_free.append(tid)
-            self._reap_originals()
-            return True
-        if kind == "use":
-            if tid not in self.restored and not self._restore(i, tid):
-                return False
-            cu.check(cu.rt.cudaStreamWaitEvent(s, self.restored[tid][1], 0), "cudaStreamWaitEvent")
-            self.used.add(tid)
-            self._forget(tid)
-            for key in self.order[:self.spec["horizon"]]:  # the next ones after this
-                if key[2] not in self.restored and not self._restore(i, key[2], prefetch=True):
-                    break  # no memory for it now: it is restored when used
-            return True
-        # release: backward is done with the restored copy and the host copy.
-        self._free_restored(tid)
-        self._forget(tid)
-        self.host_live -= n
-        return True
-
-    def _drain(self):
+    def drain(self):
+        """Reads the timeline cudasim recorded since the last call: the compute stream's
+        position (tail_ns) and the end of the last copy queued (last_copy_end)."""
         new = self.cu.drain_timeline()
         for e in new:
             if e[0] == 0 and e[1] == self.compute:
@@ -467,84 +302,12 @@ class _Interpreter:
                 self.last_copy_end = e[5]
         self.entries.extend(new)
 
-    def _reap_originals(self, everything=False):
-        """Frees the originals of cold saved tensors whose D2H copy has ended by the compute
-        stream's position (the end of its last kernel), so that the compute stream's wait
-        for the copy costs nothing: record_stream's behaviour with a host that sees events
-        complete as the GPU gets there. `everything`: all of them, waiting if need be (an
-        allocator out of memory synchronizes before it gives up)."""
-        if not self.pending_free:
-            return
-        self._drain()
-        keep = []
-        for tid in self.pending_free:
-            if everything or self.copy_end[tid] <= self.tail_ns:
-                if tid in self.ptr and tid not in self.original_freed:
-                    self._free_original(tid)
-            else:
-                keep.append(tid)
-        self.pending_free = keep
-
-    def _free_original(self, tid):
-        """Frees the saved tensor's own device memory in stream order after its D2H copy."""
-        cu = self.cu
-        if tid in self.out_event:
-            cu.check(cu.rt.cudaStreamWaitEvent(self.compute, self.out_event[tid], 0), "cudaStreamWaitEvent")
-        self.vs.vramswap_free(self.ptr[tid], self.size[tid], 0, self.compute)
-        self.original_freed.add(tid)
-
-    def _free_restored(self, tid):
-        """Frees the restored copy (a prefetched one nobody used: after its copy)."""
-        if tid not in self.restored:
-            return
-        p, done = self.restored.pop(tid)
-        if tid not in self.used:
-            self.cu.check(self.cu.rt.cudaStreamWaitEvent(self.compute, done, 0), "cudaStreamWaitEvent")
-        self.used.discard(tid)
-        self.vs.vramswap_free(p, self.size[tid], 0, self.compute)
-
-    def _forget(self, tid):
-        key = self.order_key.pop(tid, None)
-        if key is not None:
-            del self.order[bisect.bisect_left(self.order, key)]
-
-    def _malloc(self, n):
-        """offload_all's allocation: originals whose copies are done are freed first; out
-        of memory, all the others are (waiting for their copies), then it tries again."""
-        self._reap_originals()
-        p = self.vs.vramswap_malloc(n, 0, self.compute)
-        if not p and self.pending_free:
-            self._reap_originals(everything=True)
-            p = self.vs.vramswap_malloc(n, 0, self.compute)
-        return p
-
-    def _restore(self, i, tid, prefetch=False):
-        """Starts the H2D copy of a saved tensor into a new device block. False when there is
-        no memory for it: an out-of-memory for a use, a prefetch left for later."""
-        cu, s = self.cu, self.compute
-        n = self.size[tid]
-        p = self.vs.vramswap_malloc(n, 0, s) if prefetch else self._malloc(n)
-        if not p:
-            if not prefetch:
-                self._oom(i, f"restore of tensor {tid} ({n} bytes)")
-            return False
-        ready = cu.event()
-        cu.check(cu.rt.cudaEventRecord(ready, s), "cudaEventRecord")
-        cu.check(cu.rt.cudaStreamWaitEvent(self.h2d, ready, 0), "cudaStreamWaitEvent")
-        cu.check(cu.rt.cudaStreamWaitEvent(self.h2d, self.out_event[tid], 0), "cudaStreamWaitEvent")
-        cu.check(cu.rt.cudaMemcpyAsync(p, self.host[tid], n, 1, self.h2d), "cudaMemcpyAsync H2D")
-        done = cu.event()
-        cu.check(cu.rt.cudaEventRecord(done, self.h2d), "cudaEventRecord")
-        # No record_stream: the compute stream waits for `done` before the copy is freed.
-        self.restored[tid] = (p, done)
-        return True
-
     # -- the result -----------------------------------------------------------------
     def result(self):
         cu = self.cu
         c = cu.counters()
         stats = _stats_json(self.vs)
-        self._drain()
+        self.drain()
         timeline = self.entries
         start = self.start_ns
         compute_stream = self.compute
@@ -638,14 +401,12 @@ class _Interpreter:
             "warmup_steps": self.warmup_steps,
             "error_step": getattr(self, "error_step", None),
             "tagged_waste_bytes": stats.get("tagged_waste_bytes", 0),
-            "peak_host_bytes": (stats.get("peak_host_bytes", 0) if self.policy == "vramswap" else self.peak_host),
+            "peak_host_bytes": self.pol.peak_host_bytes(stats),
             "packs": self.counts["packs"],
             "untagged_saves": self.counts["untagged_saves"],
         }
         if self.record:
-            stream_names = {compute_stream: "compute"}
-            if self.policy == "offload_all":
-                stream_names.update({self.d2h: "offload_all D2H", self.h2d: "offload_all H2D"})
+            stream_names = {compute_stream: "compute", **self.pol.stream_names()}
             # The other streams are vramswap's engine's: one per direction.
             engine = {1: "vramswap H2D", 2: "vramswap D2H"}
             result["timeline"] = [

@@ -10,8 +10,9 @@ whole configuration. The parent pickles the workload's ops to a file once, start
 children (run_many keeps `workers` of them busy), and reads each child's result back as
 JSON. The parent never loads either library, so it can run any number of configurations.
 
-What the child does is interpreter.py (the ops, the policies, Note [offload_all]); what a
-run measures, the warm-up steps and the bound beside every result are measure.py's Notes.
+What the child does is interpreter.py (the ops) and policy_*.py (one module per policy;
+Note [offload_all] in policy_offload_all.py); what a run measures, the warm-up steps and
+the bound beside every result are measure.py's Notes.
 
 Thread safety: run() and run_many() may be called from any thread; each child is a process
 of its own.

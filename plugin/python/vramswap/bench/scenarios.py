@@ -7,7 +7,7 @@ link) and the policies it compares:
                      fit the card, this run reports where it ran out, and a second "none" run
                      on a card large enough (cudasim's memory is unbacked, so any size costs
                      nothing) measures the no-offload peak the limits are taken from.
-  offload_all        every saved tensor copied out at save and back at use (runner.py's
+  offload_all        every saved tensor copied out at save and back at use (policy_offload_all.py's
                      Note [offload_all]), restored when backward asks (horizon 0, torch's
                      save_on_cpu) and with the next 4 prefetched (a layer-prefetching
                      offloader)

@@ -202,6 +202,7 @@ import pickle
 import re
 import sys
 from collections import Counter
+from types import SimpleNamespace
 
 from .workload import Workload
 
@@ -764,15 +765,28 @@ def load(path, compute="bytes", device=0, carried_in=True, snapshot=None, cold="
         having = [f"{i} ({len(t)} events)" for i, t in enumerate(traces) if t]
         raise SnapshotError(f"{path}: device {device} has no trace events; devices with "
                             f"events: {', '.join(having) or 'none'}")
-    trace = traces[device]
-    kept, carried, remap, sizes, next_tid = _kept_events(path, trace, carried_in)
-    shift = len(carried)
-    frames = _Frames(data, device, trace, kept)
-    saved, free_at, cold_before, cold_after_run, blocks = _saved_and_cold(kept, frames, cold)
-    uses_before = _use_points(kept, saved, frames)
+    # What each Note finds in the trace, gathered for the two steps below.
+    p = SimpleNamespace(trace=traces[device])
+    p.kept, p.carried, p.remap, p.sizes, p.next_tid = _kept_events(path, p.trace, carried_in)
+    p.frames = _Frames(data, device, p.trace, p.kept)
+    p.saved, p.free_at, p.cold_before, p.cold_after_run, p.blocks = _saved_and_cold(p.kept, p.frames, cold)
+    p.uses_before = _use_points(p.kept, p.saved, p.frames)
 
-    # Emit.
     w = Workload(name=os.path.splitext(source)[0])
+    _emit(w, p, model)
+    _describe(w, p, data, device, source, cold, model)
+    return w
+
+
+def _emit(w, p, model):
+    """Writes the workload's ops from the kept events: carried-in tensors first (Note
+    [Carried-in tensors]), a phase op where the phase changes (Note [Phases]), the saved
+    tensors' save, cold, use and release around their allocs and frees (Note [Saved
+    tensors], Note [Cold points]), and a compute op after each event (Note [Compute
+    model]). Sets p.phase_bytes (bytes allocated per phase), p.first_op_of_phase and
+    p.op_of_event (the op of each kept event)."""
+    trace, kept, carried, remap, frames = p.trace, p.kept, p.carried, p.remap, p.frames
+    saved, cold_before, cold_after_run, uses_before = p.saved, p.cold_before, p.cold_after_run, p.uses_before
     ops = w.ops
     phases, run_of = frames.phases, frames.run_of
     phase_bytes, first_op_of_phase = Counter(), {}
@@ -814,7 +828,18 @@ def load(path, compute="bytes", device=0, carried_in=True, snapshot=None, cold="
                 w.compute(ns, frames.labels[k] or current)
     for t in cold_after_run.get(run, ()):
         w.cold(t)
+    p.phase_bytes, p.first_op_of_phase, p.op_of_event = phase_bytes, first_op_of_phase, op_of_event
 
+
+def _describe(w, p, data, device, source, cold, model):
+    """Fills w.meta: where the trace came from, what was used of it, the phases and marks,
+    the saved and cold tensors, the carried-in ones and the live-bytes figures (Note
+    [Live-bytes figures])."""
+    trace, kept, carried, sizes, next_tid, free_at = p.trace, p.kept, p.carried, p.sizes, p.next_tid, p.free_at
+    saved, frames, blocks, cold_before = p.saved, p.frames, p.blocks, p.cold_before
+    first_op_of_phase, op_of_event, phase_bytes = p.first_op_of_phase, p.op_of_event, p.phase_bytes
+    ops = w.ops
+    shift = len(carried)
     marks = dict(first_op_of_phase)
     if frames.loss_event is not None:
         marks = {"loss": op_of_event[frames.loss_event], **marks}
@@ -858,7 +883,6 @@ def load(path, compute="bytes", device=0, carried_in=True, snapshot=None, cold="
         "at_loss": live_bytes_at(w, marks["loss"]) if "loss" in marks else None,
         "peak_live": w.live_bytes()[0], "final_live": w.live_bytes()[1],
     }
-    return w
 
 
 # ---- figures -----------------------------------------------------------------------------
