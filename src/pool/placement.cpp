@@ -31,7 +31,7 @@ DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t
     for (cudaStream_t tag : {stream, kAnyStream}) {
       auto it = free_.find(tag);
       if (it == free_.end()) continue;
-      for (auto fit = it->second.lower_bound({size, 0}); fit != it->second.end() && fit->first < best_size; ++fit) {
+      for (auto fit = best_fit(it->second, size); fit != it->second.end() && fit->first < best_size; ++fit) {
         if (pass < 2 && ++looked > kMappedFitLooks) break;
         uintptr_t lo = 0, hi = 0;
         if (!usable_part(fit->second, fit->first, stream, offloadable, strict, &lo, &hi)) continue;
@@ -111,7 +111,7 @@ DevicePool::Impl::BlockIt DevicePool::Impl::find_mapped_fit(uint64_t size, cudaS
     auto it = free_.find(tag);
     if (it == free_.end()) continue;
     size_t looked = 0;
-    for (auto fit = it->second.lower_bound({size, 0}); fit != it->second.end() && best_missing > 0; ++fit) {
+    for (auto fit = best_fit(it->second, size); fit != it->second.end() && best_missing > 0; ++fit) {
       if (++looked > kMappedFitLooks) break;
       uintptr_t lo = 0, hi = 0;
       if (!usable_part(fit->second, fit->first, stream, offloadable, strict, &lo, &hi)) continue;
@@ -163,23 +163,10 @@ void DevicePool::Impl::release_block(BlockIt b, cudaStream_t tag, uint64_t seria
   // only that release's promotion event (the latest on the stream, so it covers the
   // others) may hand it to any stream. A release with no promotion thus blocks older ones.
   b->second.serial = tag == kAnyStream ? 0 : serial != 0 ? serial : ++next_serial_;
-  if (b != blocks_.begin()) {
-    auto prev = std::prev(b);
-    if (prev->second.state == State::kFree && prev->second.tag == tag) {
-      index_erase(prev);
-      prev->second.size += b->second.size;
-      prev->second.serial = std::max(prev->second.serial, b->second.serial);
-      blocks_.erase(b);
-      b = prev;
-    }
-  }
-  auto next = std::next(b);
-  if (next != blocks_.end() && next->second.state == State::kFree && next->second.tag == tag) {
-    index_erase(next);
-    b->second.size += next->second.size;
-    b->second.serial = std::max(b->second.serial, next->second.serial);
-    blocks_.erase(next);
-  }
+  b = coalesce(
+      blocks_, b, [&](const Block& n) { return n.state == State::kFree && n.tag == tag; },
+      [&](BlockIt n) { index_erase(n); },
+      [](Block& kept, const Block& gone) { kept.serial = std::max(kept.serial, gone.serial); });
   index_insert(b);
 }
 

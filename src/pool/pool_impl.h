@@ -6,7 +6,8 @@
 //                      (events for the other streams that used a block), record_stream
 //   thread_caches.cpp  the hot path's per-thread caches (Note [Thread caches])
 //   placement.cpp      where a block goes: best fit per stream tag, placing for eviction,
-//                      and a freed block merged back into the free index
+//                      and a freed block merged back into the free index (the coalescing
+//                      free list, free_list.h, which the host tier keeps too)
 //   granules.cpp       physical pages: runs of granules mapped and unmapped, spare pages,
 //                      an offloadable block's pages given up and taken back, peers
 //   stream_order.cpp   reuse over time: pending frees, promotions, retiring blocks cached
@@ -52,6 +53,7 @@
 #include "cuda/stream.h"
 #include "cuda/vmm.h"
 #include "pool/device_pool.h"
+#include "pool/free_list.h"
 #include "pool/thread_cache.h"
 
 namespace vramswap::pool {
@@ -463,7 +465,7 @@ class DevicePool::Impl {
 
   mutable std::mutex mu_;
   std::map<uintptr_t, Block> blocks_;
-  std::map<cudaStream_t, std::set<std::pair<uint64_t, uintptr_t>>> free_;
+  std::map<cudaStream_t, FreeIndex> free_;  // per tag (pool/free_list.h)
   std::vector<Granule> granules_;
   // Per granule, the live blocks touching it: [0] ordinary, [1] offloadable (closed_to).
   std::vector<uint32_t> live_on_[2];

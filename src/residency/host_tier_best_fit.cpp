@@ -1,6 +1,7 @@
 // HostTier's best-fit placement, the one that ships (make_best_fit_placer): every chunk
 // tiled by extents in address order, the free ones indexed by (size, address), the smallest
-// that fits taken and split, a freed extent merged with its free neighbours at once.
+// that fits taken and split, a freed extent merged with its free neighbours in the same
+// chunk at once: the device pool's coalescing free list (pool/free_list.h).
 //
 // Invariants (checked by tests/host_tier through the public API): extents_ tiles every
 // chunk exactly, in address order; each extent is a multiple of 512 bytes at a 512-aligned
@@ -8,14 +9,13 @@
 // indexes exactly the free extents.
 #include <algorithm>
 #include <cstdint>
-#include <iterator>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <utility>
 
 #include "config/units.h"
+#include "pool/free_list.h"
 #include "residency/host_tier.h"
 
 namespace vramswap::residency {
@@ -45,7 +45,7 @@ class BestFitPlacer final : public HostTier::Placer {
   }
 
   void* place(uint64_t bytes) override {
-    auto best = free_.lower_bound({bytes, 0});
+    auto best = pool::best_fit(free_, bytes);
     if (best == free_.end()) return nullptr;
     const uintptr_t a = best->second;
     free_.erase(best);
@@ -69,21 +69,10 @@ class BestFitPlacer final : public HostTier::Placer {
     }
     const uint64_t size = it->second.size;
     it->second.live = false;
-    auto next = std::next(it);
-    if (next != extents_.end() && !next->second.live && next->second.chunk == it->second.chunk) {
-      free_.erase({next->second.size, next->first});
-      it->second.size += next->second.size;
-      extents_.erase(next);
-    }
-    if (it != extents_.begin()) {
-      auto prev = std::prev(it);
-      if (!prev->second.live && prev->second.chunk == it->second.chunk) {
-        free_.erase({prev->second.size, prev->first});
-        prev->second.size += it->second.size;
-        extents_.erase(it);
-        it = prev;
-      }
-    }
+    const uintptr_t chunk = it->second.chunk;
+    it = pool::coalesce(
+        extents_, it, [&](const Extent& n) { return !n.live && n.chunk == chunk; },
+        [&](ExtentMap::iterator n) { free_.erase({n->second.size, n->first}); }, [](Extent&, const Extent&) {});
     free_.emplace(it->second.size, it->first);
     return size;
   }
@@ -122,7 +111,8 @@ class BestFitPlacer final : public HostTier::Placer {
                       // even when the chunks happen to be neighbours in memory
     bool live;
   };
-  using ExtentIt = std::map<uintptr_t, Extent>::const_iterator;
+  using ExtentMap = std::map<uintptr_t, Extent>;
+  using ExtentIt = ExtentMap::const_iterator;
 
   bool is_free_chunk(uintptr_t base, uint64_t size) const {
     auto it = extents_.find(base);
@@ -146,8 +136,8 @@ class BestFitPlacer final : public HostTier::Placer {
     return "the host tier did not allocate it";
   }
 
-  std::map<uintptr_t, Extent> extents_;            // every extent, by address
-  std::set<std::pair<uint64_t, uintptr_t>> free_;  // (size, address) of the free ones
+  ExtentMap extents_;     // every extent, by address
+  pool::FreeIndex free_;  // the free ones
   std::map<uintptr_t, uint64_t> chunks_;           // base -> size
 };
 
