@@ -7,6 +7,10 @@
 //                     map during the run, warm-ups included)
 //   BM_mimalloc_pair  mi_malloc + mi_free (the floor DESIGN.md names)
 //   BM_glibc_pair     malloc + free of the C library
+//   BM_vramswap_remote_free, BM_mimalloc_remote_free: one thread allocates and hands each
+//                     block to the other, which frees it (on the same stream for the
+//                     pool): ns per block, 2 threads. Autograd's backward thread frees what
+//                     the forward's thread allocated this way.
 //
 // Sizes 512 B to 256 MiB; 1 and 2 threads (with 2, each thread has its own stream and
 // both share the pool, so its lock is contended). The figure to quote is the ratio
@@ -22,6 +26,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -153,6 +158,72 @@ void BM_glibc_pair(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// The blocks one thread hands the other (a ring of at most kHanded): the producer waits
+// while it is full, the consumer while it is empty. Both threads run the same number of
+// iterations, so the ring is empty when a run ends.
+constexpr size_t kHanded = 16;
+struct Handoff {
+  std::atomic<size_t> head{0}, tail{0};  // pushed, popped
+  void* ring[kHanded] = {};
+  void push(void* p) {
+    const size_t h = head.load(std::memory_order_relaxed);
+    while (h - tail.load(std::memory_order_acquire) == kHanded) {
+    }
+    ring[h % kHanded] = p;
+    head.store(h + 1, std::memory_order_release);
+  }
+  void* pop() {
+    const size_t t = tail.load(std::memory_order_relaxed);
+    while (head.load(std::memory_order_acquire) == t) {
+    }
+    void* p = ring[t % kHanded];
+    tail.store(t + 1, std::memory_order_release);
+    return p;
+  }
+};
+
+template <class Alloc, class Free>
+void remote_free_loop(benchmark::State& state, Handoff& handoff, Alloc alloc, Free free) {
+  if (state.thread_index() == 0) {
+    for (auto _ : state) handoff.push(alloc());
+  } else {
+    for (auto _ : state) free(handoff.pop());
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+void BM_vramswap_remote_free(benchmark::State& state) {
+  PoolBench& bench = pool_bench();
+  if (!bench.pool) {
+    state.SkipWithError(("no device pool: " + bench.error).c_str());
+    return;
+  }
+  static Handoff handoff;
+  DevicePool& pool = *bench.pool;
+  const size_t size = static_cast<size_t>(state.range(0));
+  const cudaStream_t stream = bench.streams[0];  // the producer's: the consumer frees on it
+  std::string error;
+  remote_free_loop(
+      state, handoff,
+      [&] {
+        void* p = pool.allocate(size, stream, &error);
+        if (p == nullptr) std::abort();  // a cached size: cannot fail on an empty pool
+        return p;
+      },
+      [&](void* p) { pool.deallocate(p, stream); });
+}
+
+void BM_mimalloc_remote_free(benchmark::State& state) {
+  const Mimalloc& mi = mimalloc();
+  if (mi.malloc == nullptr) {
+    state.SkipWithError(mi.error.c_str());
+    return;
+  }
+  static Handoff handoff;
+  const size_t size = static_cast<size_t>(state.range(0));
+  remote_free_loop(state, handoff, [&] { return mi.malloc(size); }, [&](void* p) { mi.free(p); });
+}
+
 // 512 B (one pool unit), 64 KiB, 4 MiB (two granules), 256 MiB.
 void sizes(benchmark::internal::Benchmark* b) {
   for (int64_t size : {int64_t{512}, int64_t{64} << 10, int64_t{4} << 20, int64_t{256} << 20}) {
@@ -164,6 +235,8 @@ void sizes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_vramswap_pair)->Apply(sizes);
 BENCHMARK(BM_mimalloc_pair)->Apply(sizes);
 BENCHMARK(BM_glibc_pair)->Apply(sizes);
+BENCHMARK(BM_vramswap_remote_free)->Arg(512)->Arg(64 << 10)->Threads(2)->UseRealTime();
+BENCHMARK(BM_mimalloc_remote_free)->Arg(512)->Arg(64 << 10)->Threads(2)->UseRealTime();
 
 }  // namespace
 

@@ -28,11 +28,12 @@ DevicePool::Impl::Impl(const PoolOptions& options)
   }
   granules_.resize(va_size / granularity_);
   for (auto& counts : live_on_) counts.assign(granules_.size(), 0);
+  lent_ = std::make_unique<LentTable>(va_.base(), va_size, granularity_);
   index_insert(blocks_.emplace(va_.base(), Block{va_size, State::kFree, kAnyStream, {}}).first);
 }
 
 void DevicePool::Impl::flush_quick() {
-  if (ThreadCache* c = own_cache(); c && c->cached_blocks > 0) empty_thread_cache(*c, false);
+  if (ThreadCache* c = own_cache(); c && c->cached_blocks_now() > 0) empty_thread_cache(*c, false);
   if (quick_blocks_ == 0) return;
   for (auto& [key, list] : quick_)
     for (BlockIt b : list) release_block(b, key.stream);
@@ -122,8 +123,8 @@ void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* 
   check_caches(rounded);
   poll_before_allocating();
   void* p = nullptr;
-  const ThreadCache* own = own_cache();
-  if (quick_blocks_ || (own && own->cached_blocks > 0)) {
+  ThreadCache* own = own_cache();
+  if (quick_blocks_ || (own && own->cached_blocks_now() > 0)) {
     p = take_quick(rounded, stream, false);
     // A miss: merge the quick lists (and this thread's cache) so that best fit sees every
     // cached block.
@@ -311,6 +312,7 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
     owner->unlock();
     if (!live) return {false, "free of " + format_pointer(ptr) + ": already freed (double free)"};
     b->second.owner = nullptr;
+    lent_->clear(b->first);
     own_cache_full = owner == own_cache();  // its own thread's free that its cache had no room for
   }
   // Work queued before the free on every stream that used the block must finish before
@@ -363,15 +365,15 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
 }
 
 Result DevicePool::Impl::deallocate(void* ptr, cudaStream_t stream) {
-  // The hot path: a block lent to this thread's cache, freed on its own stream (Note
-  // [Thread caches]).
+  // The hot path: a block lent to this thread's cache, or to another thread's (found in
+  // lent_ without the pool's lock), freed on the stream it was allocated on, goes to that
+  // cache under that cache's lock (Note [Thread caches]).
   if (ptr && caches_on_.load(std::memory_order_acquire)) {
-    if (ThreadCache* c = own_cache()) {
-      c->lock();
-      const bool cached = c->give(reinterpret_cast<uintptr_t>(ptr), stream);
-      c->unlock();
-      if (cached) return {};
-    }
+    const auto addr = reinterpret_cast<uintptr_t>(ptr);
+    ThreadCache* own = own_cache();
+    if (own && own->give_locked(addr, stream)) return {};
+    ThreadCache* owner = lent_->owner(addr);
+    if (owner && owner != own && owner->give_locked(addr, stream)) return {};
   }
   return free_behind(ptr, stream, false);
 }
@@ -392,6 +394,7 @@ Result DevicePool::Impl::record_stream(void* ptr, cudaStream_t stream) {
     if (!live)
       return {false, "record_stream on " + format_pointer(ptr) + ": not a live block vramswap allocated (freed)"};
     b->second.owner = nullptr;
+    lent_->clear(b->first);
   }
   if (stream != b->second.tag && std::find(b->second.also_on.begin(), b->second.also_on.end(), stream) ==
                                      b->second.also_on.end())

@@ -137,8 +137,17 @@ std::string DevicePool::Impl::check_invariants() const {
                                      std::to_string(quick) + " are quick-listed");
   // Note [Thread caches]: each cache's blocks are live ordinary blocks lent to it, of the
   // sizes it knows; and every block lent to a cache is one of its blocks.
-  uint64_t lent = 0, in_caches = 0;
-  for (const auto& [addr, b] : blocks_) lent += b.owner != nullptr;
+  // lent_ names exactly the lent blocks' caches, at their starts.
+  uint64_t lent = 0, in_caches = 0, in_table = 0;
+  for (const auto& [addr, b] : blocks_) {
+    lent += b.owner != nullptr;
+    expect(lent_->owner(addr) == b.owner, "block " + format_pointer(reinterpret_cast<void*>(addr)) +
+                                              (b.owner ? " is lent to a cache that lent_ does not name"
+                                                       : " is lent to no cache but lent_ names one"));
+  }
+  lent_->for_each([&](uintptr_t) { ++in_table; });
+  expect(in_table == lent, "lent_ names " + std::to_string(in_table) + " blocks, " + std::to_string(lent) +
+                               " are lent");
   expect(caches_on_.load() || caches_.empty(), "thread caches are off but " + std::to_string(caches_.size()) +
                                                    " are registered");
   for (const auto& c : caches_) {

@@ -54,6 +54,7 @@
 #include "cuda/vmm.h"
 #include "pool/device_pool.h"
 #include "pool/free_list.h"
+#include "pool/lent_table.h"
 #include "pool/thread_cache.h"
 
 namespace vramswap::pool {
@@ -527,19 +528,24 @@ class DevicePool::Impl {
   // Note [Thread caches]. id_: this pool's key in each thread's caches. caches_on_: the fast
   // path may be taken (cleared for good by caches_off()). caches_: every cache registered,
   // under mu_.
+  // lent_: each lent block's cache by address, read without mu_ by a free from another
+  // thread (lent_table.h). retired_: caches emptied for good, kept so that a stale entry of
+  // lent_ never names a destroyed cache.
   const uint64_t id_ = next_pool_id.fetch_add(1);
   std::atomic<bool> caches_on_{true};
   std::vector<std::shared_ptr<ThreadCache>> caches_;
+  std::unique_ptr<LentTable> lent_;
+  std::vector<std::shared_ptr<ThreadCache>> retired_;
   ThreadCache* own_cache() const {
     const ThreadCaches* t = tls_caches;
     return t ? t->find(id_) : nullptr;
   }
   ThreadCache* own_cache_or_make();
-  // The calling thread's cached bytes: read without its lock, which only the owner (us) and
-  // holders of mu_ (us) write.
+  // The calling thread's cached bytes (under its cache's lock: another thread's free of a
+  // block lent to it adds to them).
   uint64_t own_cached() const {
-    const ThreadCache* c = own_cache();
-    return c ? c->cached_bytes : 0;
+    ThreadCache* c = own_cache();
+    return c ? c->cached_bytes_now() : 0;
   }
   // Every cache's cached bytes (each locked in turn).
   uint64_t cached_in_threads() const;
@@ -560,8 +566,11 @@ class DevicePool::Impl {
     if (grouping() || remapping_ || history_.recording() || 2 * (reserved_ + more) >= limit_) caches_off();
     else reap_orphans();
   }
-  // Empties the caches of threads that exited, and drops them.
+  // Empties the caches of threads that exited, and retires them.
   void reap_orphans();
+  // Keeps an emptied cache for as long as the pool lives (a free on another thread may
+  // still find it in lent_), with its tables' memory given back.
+  void retire(std::shared_ptr<ThreadCache> c);
   static uintptr_t stream_id(cudaStream_t s) { return s == kAnyStream ? 0 : reinterpret_cast<uintptr_t>(s); }
   void* traced_alloc(void* p, size_t size, cudaStream_t stream) {
     if (p && history_.recording()) {

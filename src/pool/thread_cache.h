@@ -9,12 +9,13 @@
 //   * cached: blocks the thread freed, per (stream, rounded size), at most kPerKey each,
 //     the last freed taken first, for the thread's next allocation of that size on that
 //     stream.
-// The owner thread calls take() and give() with the cache locked; the pool, holding its own
-// mutex, locks a cache to add a block the owner allocated on the slow path, to take a block
-// back (disown: another thread freed it, record_stream named it), to empty it, or to read
-// its counters. The lock is a spin lock: the owner's lock and unlock are one exchange and one
-// store on a line no other thread touches unless the pool asks, so two threads allocating
-// at once share nothing.
+// The owner thread calls take() and give() with the cache locked; another thread freeing
+// a block lent to this cache on its stream calls give() with it locked; the pool, holding
+// its own mutex, locks a cache to add a block the owner allocated on the slow path, to take
+// a block back (disown: freed on another stream, or named by record_stream), to empty it,
+// or to read its counters. The lock is a spin lock: the owner's lock and unlock are one
+// exchange and one store on a line no other thread touches unless the pool asks or it frees
+// one of the owner's blocks, so two threads allocating at once share nothing.
 //
 // Neither take() nor give() allocates memory once the tables have grown to the thread's
 // working set: both tables are open-addressed arrays that grow by doubling (at half load)
@@ -76,6 +77,15 @@ class ThreadCache {
     return true;
   }
 
+  // give() under the cache's lock (the owner's free, or another thread's free of a block
+  // lent to this cache).
+  bool give_locked(uintptr_t addr, cudaStream_t stream) {
+    lock();
+    const bool given = give(addr, stream);
+    unlock();
+    return given;
+  }
+
   // A block the owner allocated on the pool's slow path, now this cache's (counted by the
   // pool, not here).
   void add_live(uintptr_t addr, uint64_t rounded, cudaStream_t stream) { insert_live(addr, rounded, stream); }
@@ -106,6 +116,12 @@ class ThreadCache {
       if (e.addr != 0) f(e.addr);
     clear_live();
   }
+  // An emptied cache for good: its tables shrink to their initial size.
+  void release_memory() {
+    clear();
+    lists_.shrink_to_fit();
+  }
+
   // Calls f(addr, rounded, stream, cached) for every block, live and cached.
   template <class F>
   void for_each(F&& f) const {
@@ -115,7 +131,22 @@ class ThreadCache {
       for (uint32_t k = 0; k < list.count; ++k) f(list.addrs[k], list.rounded, list.stream, true);
   }
 
-  // Counters of the owner's fast path, summed by the pool when read.
+  // cached_blocks / cached_bytes read under the lock: another thread's free may add to them
+  // at any time.
+  uint64_t cached_blocks_now() {
+    lock();
+    const uint64_t n = cached_blocks;
+    unlock();
+    return n;
+  }
+  uint64_t cached_bytes_now() {
+    lock();
+    const uint64_t n = cached_bytes;
+    unlock();
+    return n;
+  }
+
+  // Counters of the fast path, summed by the pool when read (under the lock).
   uint64_t allocs = 0;         // allocations take() served (each a cache hit)
   uint64_t frees = 0;          // frees give() took
   uint64_t cached_bytes = 0;   // bytes of the blocks cached now

@@ -43,11 +43,18 @@ thread_local ThreadCachesReaper tls_reaper;
 // pool's quick lists), so that best fit sees its cached blocks. What the caches hold,
 // counted in statistics, is subtracted from the pool's allocated bytes when read.
 //
-// Everything else goes through the pool under its mutex as before: a free on another stream,
-// or of a block another thread allocated (the pool takes it back from that thread's cache:
-// disown), record_stream (the block goes back to the pool), offloadable blocks, the free of
-// a block the cache has no room for (released, as a full quick list releases it). A free of
-// a block cached by some thread is a double free and is refused, as ever.
+// A block another thread allocated, freed on the stream it was allocated on, goes to its
+// owner's cache the same way: the freeing thread finds the owner in lent_ (lent_table.h, a
+// flat table over the reservation read with no lock) and gives the block to that cache
+// under that cache's lock, so frees handed from one thread to another (autograd's backward
+// thread freeing what the forward's thread allocated) take no pool lock either; the owner's
+// next allocation of that size on that stream takes it. Everything else goes through the
+// pool under its mutex as before: a free on another stream (the pool takes the block back
+// from its cache: disown), record_stream (the block goes back to the pool), offloadable
+// blocks, the free of a block the cache has no room for (released, as a full quick list
+// releases it). A free of a block cached by some thread is a double free and is refused,
+// as ever. Caches emptied for good are kept (retired) until the pool goes, so that an entry
+// of lent_ read just before it was cleared names a cache that refuses the block.
 //
 // Caches are an optimization for a pool with memory to spare: once the pool places for
 // eviction (grouping()), remaps pages, records its history, or would reach half its limit,
@@ -83,13 +90,17 @@ uint64_t DevicePool::Impl::cached_in_threads() const {
 void DevicePool::Impl::empty_thread_cache(ThreadCache& c, bool disown) {
   c.lock();
   c.drain_cached([&](uintptr_t addr, uint64_t rounded, cudaStream_t stream) {
+    lent_->clear(addr);
     BlockIt b = blocks_.find(addr);
     allocated_ -= rounded;
     count_on_granules(addr, rounded, 0, -1);
     release_block(b, stream);
   });
   if (disown) {
-    c.drain_live([&](uintptr_t addr) { blocks_.find(addr)->second.owner = nullptr; });
+    c.drain_live([&](uintptr_t addr) {
+      lent_->clear(addr);
+      blocks_.find(addr)->second.owner = nullptr;
+    });
     num_allocs_ += c.allocs;
     num_cache_hits_ += std::exchange(c.allocs, 0);
     num_frees_ += std::exchange(c.frees, 0);
@@ -104,6 +115,7 @@ void DevicePool::Impl::lend(void* p, uint64_t rounded, cudaStream_t stream) {
   c->add_live(reinterpret_cast<uintptr_t>(p), rounded, stream);
   c->unlock();
   blocks_.find(reinterpret_cast<uintptr_t>(p))->second.owner = c;
+  lent_->set(reinterpret_cast<uintptr_t>(p), c);
 }
 
 void DevicePool::Impl::caches_off() {
@@ -111,8 +123,16 @@ void DevicePool::Impl::caches_off() {
   for (auto& c : caches_) {
     empty_thread_cache(*c, true);
     c->dead.store(true, std::memory_order_release);  // its thread drops it at its next registration
+    retire(std::move(c));
   }
   caches_.clear();
+}
+
+void DevicePool::Impl::retire(std::shared_ptr<ThreadCache> c) {
+  c->lock();
+  c->release_memory();
+  c->unlock();
+  retired_.push_back(std::move(c));
 }
 
 void DevicePool::Impl::reap_orphans() {
@@ -122,6 +142,7 @@ void DevicePool::Impl::reap_orphans() {
       continue;
     }
     empty_thread_cache(*caches_[i], true);
+    retire(std::move(caches_[i]));
     caches_[i] = std::move(caches_.back());
     caches_.pop_back();
   }

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,7 +61,7 @@ TEST_F(ThreadCaches, ACachedBlockFreedAgainIsADoubleFreeAndChangesNothing) {
   expect_invariants(pool());
 }
 
-TEST_F(ThreadCaches, ABlockAnotherThreadFreesGoesBackToThePool) {
+TEST_F(ThreadCaches, ABlockAnotherThreadFreesOnItsStreamGoesToItsOwnersCache) {
   void* p = allocate(8 * kKiB);
   ASSERT_NE(nullptr, p);
   Result freed;
@@ -68,12 +69,67 @@ TEST_F(ThreadCaches, ABlockAnotherThreadFreesGoesBackToThePool) {
   EXPECT_TRUE(freed.ok) << freed.message;
   EXPECT_EQ(0u, stats().allocated_bytes);
   expect_invariants(pool());
-  // This thread's cache no longer knows it: freeing it here is a double free.
-  const Result again = pool().deallocate(p, stream_);
+  // Not the pool's to hand out: a third thread's allocation of that size on that stream
+  // gets another block, the owner's gets it back.
+  void* third = nullptr;
+  std::thread([&] {
+    third = allocate(8 * kKiB);
+    deallocate(third);
+  }).join();
+  EXPECT_NE(p, third) << "the block went back to the pool, not to its owner's cache";
+  const PoolStats before = stats();
+  void* q = allocate(8 * kKiB);
+  EXPECT_EQ(p, q) << "the owner's cache serves it";
+  EXPECT_EQ(before.num_cache_hits + 1, stats().num_cache_hits);
+  // Cached again: freeing it on the other thread a second time is a double free.
+  deallocate(q);
+  Result again;
+  std::thread([&] { again = pool().deallocate(p, stream_); }).join();
   EXPECT_FALSE(again.ok);
   EXPECT_NE(std::string::npos, again.message.find("double free")) << again.message;
-  void* q = allocate(8 * kKiB);
-  EXPECT_EQ(p, q) << "the pool's quick list serves it";
+  expect_invariants(pool());
+}
+
+TEST_F(ThreadCaches, ABlockAnotherThreadFreesOnAnotherStreamGoesBackToThePoolBehindAnEvent) {
+  Stream other;
+  void* p = allocate(64 * kKiB);
+  ASSERT_NE(nullptr, p);
+  StreamGate gate;
+  ASSERT_CUDA_OK(gate.hold(stream_));
+  Result freed;
+  std::thread([&] { freed = pool().deallocate(p, other); }).join();  // the allocation stream still works
+  EXPECT_TRUE(freed.ok) << freed.message;
+  void* q = allocate(64 * kKiB, other);
+  EXPECT_NE(p, q) << "reused on the other stream before the allocation stream's work";
+  gate.open();
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+  deallocate(q, other);
+  expect_invariants(pool());
+}
+
+TEST_F(ThreadCaches, AFreeFromAnotherThreadAfterTheCachesWentOffIsThePoolsOwn) {
+  void* p = allocate(4 * kKiB);
+  ASSERT_NE(nullptr, p);
+  pool().record_history(100);  // the caches go off for good; p is the pool's again
+  Result freed;
+  std::thread([&] { freed = pool().deallocate(p, stream_); }).join();
+  EXPECT_TRUE(freed.ok) << freed.message;
+  EXPECT_EQ(0u, stats().allocated_bytes);
+  Result again;
+  std::thread([&] { again = pool().deallocate(p, stream_); }).join();
+  EXPECT_FALSE(again.ok) << "a double free of a block once lent";
+  expect_invariants(pool());
+}
+
+TEST_F(ThreadCaches, ABlockOfAnExitedThreadFreedHereIsTakenAndTheCacheEmptiedLater) {
+  void* p = nullptr;
+  std::thread([&] { p = allocate(32 * kKiB); }).join();  // its owner exits with it live
+  ASSERT_NE(nullptr, p);
+  deallocate(p);
+  EXPECT_EQ(0u, stats().allocated_bytes);
+  expect_invariants(pool());
+  void* q = allocate(32 * kKiB);  // empties the exited thread's cache: best fit sees the block
+  EXPECT_EQ(p, q);
   deallocate(q);
   expect_invariants(pool());
 }
@@ -217,6 +273,52 @@ TEST_F(ThreadCaches, ThreadsAllocatingAndFreeingEachOthersBlocksKeepTheInvariant
   EXPECT_EQ(uint64_t(kThreads) * kRounds, s.num_allocs);
   expect_invariants(pool());
   for (auto& st : streams) ASSERT_TRUE(pool().stream_destroyed(*st).ok);
+}
+
+// Blocks handed from one thread to another while both run, the way autograd's backward
+// thread frees what the forward's thread allocated: the consumer's frees go to the
+// producer's cache as the producer allocates from it; midway the caches go off for good
+// (the history), and frees that looked the owner up just before find a cache that refuses.
+TEST_F(ThreadCaches, BlocksHandedToAnotherThreadWhileBothRunKeepTheInvariants) {
+  constexpr int kBlocks = 4000;
+  constexpr size_t kRing = 8;
+  std::atomic<size_t> head{0}, tail{0};
+  void* ring[kRing] = {};
+  std::atomic<bool> failed{false};
+  std::thread producer([&] {
+    for (int i = 0; i < kBlocks && !failed; ++i) {
+      std::string error;
+      void* p = pool().allocate(size_t(512) << (i % 4), stream_, &error);
+      if (p == nullptr) {
+        failed = true;
+        ADD_FAILURE() << error;
+        break;
+      }
+      while (head - tail.load() == kRing && !failed) {
+      }
+      ring[head % kRing] = p;
+      head.store(head + 1);
+      if (i == kBlocks / 2) pool().record_history(16);
+    }
+  });
+  std::thread consumer([&] {
+    for (int i = 0; i < kBlocks && !failed; ++i) {
+      while (head.load() == tail.load() && !failed) {
+      }
+      if (failed) break;
+      const Result r = pool().deallocate(ring[tail % kRing], stream_);
+      if (!r.ok) {
+        failed = true;
+        ADD_FAILURE() << r.message;
+      }
+      tail.store(tail + 1);
+    }
+  });
+  producer.join();
+  consumer.join();
+  EXPECT_FALSE(failed);
+  EXPECT_EQ(0u, stats().allocated_bytes);
+  expect_invariants(pool());
 }
 
 }  // namespace
