@@ -311,8 +311,7 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
     const bool live = owner->disown(b->first);
     owner->unlock();
     if (!live) return {false, "free of " + format_pointer(ptr) + ": already freed (double free)"};
-    b->second.owner = nullptr;
-    lent_->clear(b->first);
+    unlend(b);
     own_cache_full = owner == own_cache();  // its own thread's free that its cache had no room for
   }
   // Work queued before the free on every stream that used the block must finish before
@@ -393,8 +392,7 @@ Result DevicePool::Impl::record_stream(void* ptr, cudaStream_t stream) {
     owner->unlock();
     if (!live)
       return {false, "record_stream on " + format_pointer(ptr) + ": not a live block vramswap allocated (freed)"};
-    b->second.owner = nullptr;
-    lent_->clear(b->first);
+    unlend(b);
   }
   if (stream != b->second.tag && std::find(b->second.also_on.begin(), b->second.also_on.end(), stream) ==
                                      b->second.also_on.end())

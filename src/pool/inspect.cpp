@@ -137,17 +137,27 @@ std::string DevicePool::Impl::check_invariants() const {
                                      std::to_string(quick) + " are quick-listed");
   // Note [Thread caches]: each cache's blocks are live ordinary blocks lent to it, of the
   // sizes it knows; and every block lent to a cache is one of its blocks.
-  // lent_ names exactly the lent blocks' caches, at their starts.
-  uint64_t lent = 0, in_caches = 0, in_table = 0;
+  // lent_ counts the lent blocks starting in each granule and names their cache when they
+  // have one.
+  uint64_t lent = 0, in_caches = 0;
+  std::vector<uint32_t> lent_in(granules_.size(), 0);
   for (const auto& [addr, b] : blocks_) {
-    lent += b.owner != nullptr;
-    expect(lent_->owner(addr) == b.owner, "block " + format_pointer(reinterpret_cast<void*>(addr)) +
-                                              (b.owner ? " is lent to a cache that lent_ does not name"
-                                                       : " is lent to no cache but lent_ names one"));
+    if (b.owner == nullptr) continue;
+    ++lent;
+    const uint64_t g = granule_index(addr);
+    ++lent_in[g];
+    bool is_mixed = false;
+    const ThreadCache* named = lent_->entry(g, &is_mixed);
+    expect(is_mixed || named == b.owner, "block " + format_pointer(reinterpret_cast<void*>(addr)) +
+                                             " is lent to a cache its granule's entry does not name");
   }
-  lent_->for_each([&](uintptr_t) { ++in_table; });
-  expect(in_table == lent, "lent_ names " + std::to_string(in_table) + " blocks, " + std::to_string(lent) +
-                               " are lent");
+  for (uint64_t g = 0; g < granules_.size(); ++g) {
+    bool is_mixed = false;
+    const ThreadCache* named = lent_->entry(g, &is_mixed);
+    expect(lent_->count(g) == lent_in[g] && (lent_in[g] > 0 || (!named && !is_mixed)),
+           "granule " + std::to_string(g) + ": lent_ counts " + std::to_string(lent_->count(g)) +
+               " lent blocks, " + std::to_string(lent_in[g]) + " start there");
+  }
   expect(caches_on_.load() || caches_.empty(), "thread caches are off but " + std::to_string(caches_.size()) +
                                                    " are registered");
   for (const auto& c : caches_) {

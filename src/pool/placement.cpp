@@ -154,8 +154,7 @@ void DevicePool::Impl::count_on_granules(uintptr_t addr, uint64_t size, int row,
 
 void DevicePool::Impl::release_block(BlockIt b, cudaStream_t tag, uint64_t serial) {
   b->second.state = State::kFree;
-  if (b->second.owner) lent_->clear(b->first);
-  b->second.owner = nullptr;
+  unlend(b);
   b->second.tag = tag;
   b->second.also_on.clear();
   if (b->second.away) --away_blocks_;

@@ -553,6 +553,12 @@ class DevicePool::Impl {
   // live blocks too (the pool's again, freed the slow way), and its counters (the cache is
   // dropped next).
   void empty_thread_cache(ThreadCache& c, bool disown);
+  // The block is lent to no cache any more (lent_ forgets it).
+  void unlend(BlockIt b) {
+    if (b->second.owner == nullptr) return;
+    lent_->clear(b->first);
+    b->second.owner = nullptr;
+  }
   // Lends the block at `p` (just allocated) to the calling thread's cache.
   void lend(void* p, uint64_t rounded, cudaStream_t stream);
   // Empties every cache and clears caches_on_: the pool is as it was with no thread caches.

@@ -45,7 +45,9 @@ thread_local ThreadCachesReaper tls_reaper;
 //
 // A block another thread allocated, freed on the stream it was allocated on, goes to its
 // owner's cache the same way: the freeing thread finds the owner in lent_ (lent_table.h, a
-// flat table over the reservation read with no lock) and gives the block to that cache
+// flat table over the reservation, one entry per granule, read with no lock; a granule
+// whose lent blocks belong to several threads sends the free the pool's way) and gives
+// the block to that cache
 // under that cache's lock, so frees handed from one thread to another (autograd's backward
 // thread freeing what the forward's thread allocated) take no pool lock either; the owner's
 // next allocation of that size on that stream takes it. Everything else goes through the
@@ -90,17 +92,13 @@ uint64_t DevicePool::Impl::cached_in_threads() const {
 void DevicePool::Impl::empty_thread_cache(ThreadCache& c, bool disown) {
   c.lock();
   c.drain_cached([&](uintptr_t addr, uint64_t rounded, cudaStream_t stream) {
-    lent_->clear(addr);
     BlockIt b = blocks_.find(addr);
     allocated_ -= rounded;
     count_on_granules(addr, rounded, 0, -1);
     release_block(b, stream);
   });
   if (disown) {
-    c.drain_live([&](uintptr_t addr) {
-      lent_->clear(addr);
-      blocks_.find(addr)->second.owner = nullptr;
-    });
+    c.drain_live([&](uintptr_t addr) { unlend(blocks_.find(addr)); });
     num_allocs_ += c.allocs;
     num_cache_hits_ += std::exchange(c.allocs, 0);
     num_frees_ += std::exchange(c.frees, 0);
