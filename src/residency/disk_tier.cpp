@@ -1,0 +1,216 @@
+// The disk tier's file, its extents and its I/O threads (Note [The disk tier] in
+// disk_tier.h).
+#include "residency/disk_tier.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "config/units.h"
+
+namespace vramswap::residency {
+namespace {
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+}  // namespace
+
+std::unique_ptr<DiskTier> DiskTier::open(const DiskTierOptions& options, std::string* error) {
+  const std::string& dir = options.dir;
+  if (dir.empty()) {
+    *error = "VRAMSWAP_DISK_DIR is empty: name an existing directory the process may write";
+    return nullptr;
+  }
+  int fd = -1;
+  if (!options.named_file) {
+    fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    // EISDIR or EOPNOTSUPP: a kernel or filesystem without O_TMPFILE; the named path below.
+    if (fd < 0 && errno != EISDIR && errno != EOPNOTSUPP && errno != EINVAL) {
+      *error = "VRAMSWAP_DISK_DIR='" + dir + "': cannot create the disk tier's file there: " + errno_text(errno);
+      return nullptr;
+    }
+  }
+  if (fd < 0) {
+    std::string path = dir + "/vramswap-disk-XXXXXX";
+    fd = ::mkostemp(path.data(), O_CLOEXEC);  // mode 0600
+    if (fd < 0) {
+      *error = "VRAMSWAP_DISK_DIR='" + dir + "': cannot create the disk tier's file there: " + errno_text(errno);
+      return nullptr;
+    }
+    if (::unlink(path.c_str()) != 0) {
+      const int e = errno;
+      ::close(fd);
+      *error = "VRAMSWAP_DISK_DIR='" + dir + "': cannot unlink the disk tier's file " + path + ": " + errno_text(e);
+      return nullptr;
+    }
+  }
+  return std::unique_ptr<DiskTier>(new DiskTier(fd, options));
+}
+
+DiskTier::DiskTier(int fd, const DiskTierOptions& options)
+    : fd_(fd), dir_(options.dir), limit_(options.limit_bytes) {
+  for (int i = 0; i < std::max(1, options.io_threads); ++i) threads_.emplace_back([this] { run_io(); });
+}
+
+DiskTier::~DiskTier() {
+  {
+    std::lock_guard lock(queue_mu_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+  ::close(fd_);
+}
+
+std::optional<uint64_t> DiskTier::reserve(uint64_t bytes, std::string* error) {
+  const uint64_t size = round_up(std::max<uint64_t>(bytes, 1), kDiskUnit);
+  std::lock_guard lock(mu_);
+  if (used_ + size > limit_) {
+    *error = "the disk tier in " + dir_ + " is full: " + format_size(used_) + " of its VRAMSWAP_DISK_LIMIT of " +
+             format_size(limit_) + " reserved, " + format_size(size) + " more asked for";
+    return std::nullopt;
+  }
+  uint64_t offset;
+  auto fit = pool::best_fit(free_, size);
+  if (fit != free_.end()) {
+    offset = fit->second;
+    const uint64_t had = fit->first;
+    free_.erase(fit);
+    Extent& e = extents_.at(offset);
+    if (had > size) {  // the rest stays free, right after it
+      extents_.emplace(offset + size, Extent{had - size, false});
+      free_.emplace(had - size, offset + size);
+      e.size = size;
+    }
+    e.live = true;
+  } else {
+    offset = file_bytes_;
+    if (const int e = ::posix_fallocate(fd_, offset, static_cast<off_t>(size)); e != 0) {
+      *error = "cannot reserve " + format_size(size) + " for the disk tier in " + dir_ +
+               " (VRAMSWAP_DISK_DIR): " + errno_text(e) + "; " + format_size(used_) + " of it in use";
+      return std::nullopt;
+    }
+    extents_.emplace(offset, Extent{size, true});
+    file_bytes_ += size;
+  }
+  used_ += size;
+  peak_used_ = std::max(peak_used_, used_);
+  return offset;
+}
+
+bool DiskTier::release(uint64_t offset, std::string* error) {
+  std::lock_guard lock(mu_);
+  auto it = extents_.find(offset);
+  if (it == extents_.end() || !it->second.live) {
+    *error = "release of disk tier offset " + std::to_string(offset) + ": " +
+             (it == extents_.end() ? "no extent starts there" : "already released (double release)");
+    return false;
+  }
+  used_ -= it->second.size;
+  it->second.live = false;
+  it = pool::coalesce(
+      extents_, it, [](const Extent& n) { return !n.live; },
+      [&](ExtentMap::iterator n) { free_.erase({n->second.size, n->first}); }, [](Extent&, const Extent&) {});
+  if (it->first + it->second.size == file_bytes_) {
+    // The file's last extent: the file shrinks (the space goes back to the filesystem).
+    if (::ftruncate(fd_, static_cast<off_t>(it->first)) == 0) {
+      file_bytes_ = it->first;
+      extents_.erase(it);
+      return true;
+    }
+  }
+  free_.emplace(it->second.size, it->first);
+  return true;
+}
+
+DiskTier::JobRef DiskTier::write(uint64_t offset, const void* src, uint64_t bytes) {
+  return queue(true, offset, const_cast<void*>(src), bytes);
+}
+
+DiskTier::JobRef DiskTier::read(uint64_t offset, void* dst, uint64_t bytes) { return queue(false, offset, dst, bytes); }
+
+DiskTier::JobRef DiskTier::queue(bool write, uint64_t offset, void* buffer, uint64_t bytes) {
+  auto job = std::make_shared<Job>();
+  job->write = write;
+  job->offset = offset;
+  job->buffer = buffer;
+  job->bytes = bytes;
+  {
+    std::lock_guard lock(queue_mu_);
+    queue_.push_back(job);
+  }
+  queue_cv_.notify_one();
+  return job;
+}
+
+std::string DiskTier::wait(const JobRef& job) {
+  std::unique_lock lock(queue_mu_);
+  queue_cv_.wait(lock, [&] { return job->done(); });
+  return job->state_.load(std::memory_order_acquire) == Job::kOk ? std::string() : job->error;
+}
+
+void DiskTier::run_io() {
+  for (;;) {
+    JobRef job;
+    {
+      std::unique_lock lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and nothing left to do
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    perform(*job);
+    {
+      std::lock_guard lock(queue_mu_);  // so that a waiter cannot miss the notification
+    }
+    queue_cv_.notify_all();
+  }
+}
+
+void DiskTier::perform(Job& job) {
+  auto* p = static_cast<char*>(job.buffer);
+  uint64_t done = 0;
+  while (done < job.bytes) {
+    const off_t at = static_cast<off_t>(job.offset + done);
+    const ssize_t n = job.write ? ::pwrite(fd_, p + done, job.bytes - done, at) : ::pread(fd_, p + done, job.bytes - done, at);
+    if (n > 0) {
+      done += static_cast<uint64_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    job.error = std::string(job.write ? "writing " : "reading ") + format_size(job.bytes) + " at offset " +
+                std::to_string(job.offset) + " of the disk tier's file in " + dir_ + " failed: " +
+                (n == 0 ? std::string("the file ends there") : errno_text(errno));
+    failed_.fetch_add(1, std::memory_order_relaxed);
+    job.state_.store(Job::kFailed, std::memory_order_release);
+    return;
+  }
+  (job.write ? bytes_written_ : bytes_read_).fetch_add(job.bytes, std::memory_order_relaxed);
+  job.state_.store(Job::kOk, std::memory_order_release);
+}
+
+DiskTierStats DiskTier::stats() const {
+  DiskTierStats s;
+  {
+    std::lock_guard lock(mu_);
+    s.used_bytes = used_;
+    s.peak_used_bytes = peak_used_;
+    s.file_bytes = file_bytes_;
+  }
+  s.bytes_written = bytes_written_.load(std::memory_order_relaxed);
+  s.bytes_read = bytes_read_.load(std::memory_order_relaxed);
+  s.num_failed_jobs = failed_.load(std::memory_order_relaxed);
+  return s;
+}
+
+unsigned DiskTier::file_mode() const {
+  struct stat st {};
+  return ::fstat(fd_, &st) == 0 ? st.st_mode & 0777 : 0;
+}
+
+}  // namespace vramswap::residency
