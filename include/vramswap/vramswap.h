@@ -179,7 +179,8 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * VRAMSWAP_PLAN), num_plan_divergences (steps that stopped following it: a different
  * step), num_plan_backoffs (planned steps slower than the reactive policy's, each sending
  * the next steps back to it for a while), planned_bytes_d2h (bytes the plan's evictions
- * copied out). These
+ * copied out), disk_bytes (evicted blocks on the disk tier now, VRAMSWAP_DISK_DIR),
+ * disk_bytes_written (moved from pinned memory to it), disk_bytes_read (brought back). These
  * are totals over devices (the peaks are sums of each device's peak). Then
  * num_invalid_frees (frees vramswap refused), host_wait_ns (host time the process's threads
  * spent in vramswap waiting for the device: event, stream and device synchronizations),
@@ -190,7 +191,7 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * host_vmm_released_bytes (what the VMM calls did: bytes given pages by cuMemMap, taken
  * them by cuMemUnmap, bytes of pages created by cuMemCreate and released by cuMemRelease),
  * all process-wide, then "devices": an array with one object per
- * device that has a pool ({"device": ordinal, the same 33 keys, num_free_blocks,
+ * device that has a pool ({"device": ordinal, the same 36 keys, num_free_blocks,
  * va_reserved_bytes}). Thread-safe; a reading taken during allocations on other threads
  * is consistent per device, not across devices. */
 size_t vramswap_stats_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;

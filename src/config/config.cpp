@@ -97,7 +97,19 @@ constexpr KeySpec kKeys[] = {
     key<KeyType::kOptionalSize, &Config::host_limit>(
         "VRAMSWAP_HOST_LIMIT", kAtCreation, "", "2MiB..",
         "Pinned host memory that each device's eviction tier may hold; when it is full, eviction stops and "
-        "allocations past the limit fail. Unset: half of the host's memory (or of the cgroup's limit)."),
+        "allocations past the limit fail, unless VRAMSWAP_DISK_DIR names a disk tier. Unset: half of the host's "
+        "memory (or of the cgroup's limit)."),
+    key<KeyType::kPath, &Config::disk_dir>(
+        "VRAMSWAP_DISK_DIR", kAtCreation, "", "directory",
+        "A directory for the disk tier: when the pinned host tier is full, evicted blocks needed furthest "
+        "away move on to one file there (created unlinked, mode 0600, so nothing is left behind), and come "
+        "back through pinned memory when needed. The engine call that needs a move waits for it (disk "
+        "transfers are not yet overlapped with compute). Unset: no disk tier (eviction stops when the host "
+        "tier is full)."),
+    key<KeyType::kOptionalSize, &Config::disk_limit>(
+        "VRAMSWAP_DISK_LIMIT", kAtCreation, "", "4KiB..",
+        "The most file space each device's disk tier may hold. Unset: what the filesystem holds (a full "
+        "filesystem is found when space is reserved, before a block leaves the host)."),
     key<KeyType::kSize, &Config::min_offload_bytes>(
         "VRAMSWAP_MIN_OFFLOAD_BYTES", kAtOnce, "64KiB", "",
         "Allocations at least this large made inside an offload scope are tagged (offloadable: under "

@@ -38,6 +38,8 @@ struct Config {
   SizeOrPercent limit;                 // VRAMSWAP_LIMIT; 0 bytes = the whole card
   SizeOrPercent soft_limit;            // VRAMSWAP_SOFT_LIMIT; of the limit; 0 bytes = none
   std::optional<uint64_t> host_limit;  // VRAMSWAP_HOST_LIMIT; unset = the host tier's default
+  std::string disk_dir;                // VRAMSWAP_DISK_DIR; "" = no disk tier
+  std::optional<uint64_t> disk_limit;  // VRAMSWAP_DISK_LIMIT; unset = what the filesystem holds
   uint64_t min_offload_bytes{};        // VRAMSWAP_MIN_OFFLOAD_BYTES
   uint64_t horizon{};                  // VRAMSWAP_HORIZON
   bool verify{};                       // VRAMSWAP_VERIFY

@@ -265,8 +265,8 @@ std::string accepted_form(KeyType type, std::string_view range) {
       }
       return s;
     }
-    case KeyType::kPath:
-      return "a file path (empty: none)";
+    case KeyType::kPath:  // range: what the path names ("" for a file)
+      return "a " + std::string(range.empty() ? "file" : range) + " path (empty: none)";
     case KeyType::kCount: {
       std::optional<Bounds> b = count_bounds(range);
       if (b && (b->lo != 0 || b->hi != UINT64_MAX))

@@ -18,7 +18,15 @@ Engine::Impl::Impl(pool::DevicePool& pool, const EngineOptions& options)
       events_(pool.device()),
       host_(HostTierOptions{options.host_limit_bytes, 0, pool.device()}),
       recorder_(options.plan, pool.stats().limit_bytes),
-      timed_(pool.device(), true) {}
+      timed_(pool.device(), true) {
+  if (!options.disk_dir.empty()) {
+    const uint64_t limit = options.disk_limit_bytes ? options.disk_limit_bytes : UINT64_MAX;
+    disk_ = DiskTier::open({options.disk_dir, limit}, &disk_refusal_);
+    if (!disk_)
+      stats::log(stats::LogLevel::kWarn, "device %d: no disk tier: %s (eviction stops when the host tier is full)",
+                 device_, disk_refusal_.c_str());
+  }
+}
 
 void* Engine::Impl::allocate_tagged(size_t size, cudaStream_t stream, std::string* error) {
   cuda::RelaxedCaptureScope relaxed;
@@ -141,7 +149,8 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
       forget_host_copy(s);
       break;
     case Residency::kEvicted:
-      host_.free(s.host);
+      if (s.on_disk()) forget_disk_copy(s);
+      else host_.free(s.host);
       st_.evicted_bytes -= s.placed;
       break;
     case Residency::kEvicting:

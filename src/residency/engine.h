@@ -80,6 +80,8 @@ struct EngineOptions {
   uint64_t soft_limit_bytes = 0;   // resident bytes without a host copy above which cold
                                    // blocks are copied out in the background; 0: none
   uint64_t host_limit_bytes = 0;   // the host tier's cap; 0: its default
+  std::string disk_dir;            // the disk tier's directory (disk_tier.h); "": none
+  uint64_t disk_limit_bytes = 0;   // the disk tier's cap; 0: what the filesystem holds
   int horizon = 4;                 // blocks prefetched ahead, and protected from eviction
   bool verify = false;             // checksum at eviction, checked at restore
   bool plan = true;                // record steps and follow their plan (VRAMSWAP_PLAN)
@@ -116,6 +118,9 @@ struct EngineStats {
   uint64_t num_plan_divergences = 0;  // steps that stopped following it (a different step)
   uint64_t num_plan_backoffs = 0;     // planned steps slower than the reactive policy's
   uint64_t planned_bytes_d2h = 0;     // bytes the plan's evictions copied out (landed)
+  uint64_t disk_bytes = 0;            // evicted blocks on the disk tier now
+  uint64_t disk_bytes_written = 0;    // bytes moved from pinned memory to the disk tier, ever
+  uint64_t disk_bytes_read = 0;       // bytes brought back from it, ever
 };
 
 // The outcome of a tracker call: the pool's result type (ok, or refused with a message).

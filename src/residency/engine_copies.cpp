@@ -15,7 +15,7 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
     return false;
   }
   std::string error;
-  void* host = host_.allocate(s.requested, &error);
+  void* host = host_allocate(s.requested, slot, &error);
   if (!host) {
     host_refusal_ = "no pinned host memory for block " + format_hex(s.addr) + " (" + format_size(s.requested) + "): " + error;
     return false;
@@ -60,8 +60,82 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
   return true;
 }
 
+void* Engine::Impl::host_allocate(uint64_t bytes, uint32_t except, std::string* error) {
+  void* host = host_.allocate(bytes, error);
+  while (host == nullptr && disk_) {
+    // The pinned tier is full: the evicted block needed furthest away moves on to the disk.
+    uint32_t victim = policy::kNoSlot;
+    order_.each_furthest_first([&](uint32_t slot) {
+      const Slot& s = slots_[slot];
+      if (slot == except || !s.live || s.residency != Residency::kEvicted || s.on_disk()) return true;
+      victim = slot;
+      return false;
+    });
+    std::string why;
+    if (victim == policy::kNoSlot) break;
+    if (!spill(victim, &why)) {
+      *error += "; the disk tier could not take more: " + why;
+      break;
+    }
+    error->clear();
+    host = host_.allocate(bytes, error);
+  }
+  return host;
+}
+
+bool Engine::Impl::spill(uint32_t slot, std::string* error) {
+  Slot& s = slots_[slot];
+  const std::optional<uint64_t> offset = disk_->reserve(s.requested, error);
+  if (!offset) return false;
+  if (std::string failed = disk_->wait(disk_->write(*offset, s.host, s.requested)); !failed.empty()) {
+    std::string ignored;
+    disk_->release(*offset, &ignored);
+    *error = std::move(failed);
+    return false;  // the host copy stays as it was
+  }
+  host_.free(s.host);
+  s.host = nullptr;
+  s.disk = *offset;
+  st_.disk_bytes += s.requested;
+  st_.disk_bytes_written += s.requested;
+  debug("moved on to the disk tier", s);
+  return true;
+}
+
+Status Engine::Impl::unspill(uint32_t slot) {
+  Slot& s = slots_[slot];
+  std::string error;
+  void* host = host_allocate(s.requested, slot, &error);
+  if (host == nullptr)
+    return {false, "cannot bring block " + format_hex(s.addr) + " (" + format_size(s.requested) +
+                       ") back from the disk tier: no pinned memory to read it into: " + error +
+                       "; it stays on the disk"};
+  if (std::string failed = disk_->wait(disk_->read(s.disk, host, s.requested)); !failed.empty()) {
+    host_.free(host);
+    return {false, "cannot bring block " + format_hex(s.addr) + " back from the disk tier: " + failed +
+                       "; it stays on the disk"};
+  }
+  forget_disk_copy(s);
+  s.host = host;
+  st_.disk_bytes_read += s.requested;
+  debug("read back from the disk tier", s);
+  return {};
+}
+
+void Engine::Impl::forget_disk_copy(Slot& s) {
+  std::string error;
+  if (!disk_->release(s.disk, &error))
+    stats::log(stats::LogLevel::kWarn, "device %d: block %s: %s", device_, format_hex(s.addr).c_str(), error.c_str());
+  s.disk = UINT64_MAX;
+  st_.disk_bytes -= s.requested;
+}
+
 Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream) {
   Slot& s = slots_[slot];
+  if (s.on_disk()) {
+    // Disk -> pinned memory first, waiting (Note [The disk tier]); then as any evicted block.
+    if (Status r = unspill(slot); !r.ok) return r;
+  }
   using MapWait = pool::DevicePool::MapWait;
   void* const addr = reinterpret_cast<void*>(s.addr);
   pool::Result mapped;

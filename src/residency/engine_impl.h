@@ -40,6 +40,7 @@
 #include "policy/reactive.h"
 #include "policy/step_recorder.h"
 #include "policy/use_order.h"
+#include "residency/disk_tier.h"
 #include "residency/engine.h"
 #include "stats/log.h"
 
@@ -72,6 +73,9 @@ struct Slot {
   uint32_t step_block = policy::kNoPoint;  // its ordinal in the step being recorded
   bool planned = false;                    // its eviction in flight is the plan's
   uint64_t copy_seq = 0;                   // the order in which its copy in flight was queued
+  uint64_t disk = UINT64_MAX;              // evicted and moved on to the disk tier: its extent
+                                           // (its host buffer is gone); else UINT64_MAX
+  bool on_disk() const { return disk != UINT64_MAX; }
 };
 
 // A host buffer that must outlive a copy still in flight (its block was freed, or queuing
@@ -231,6 +235,17 @@ class Engine::Impl : private policy::ReactiveEngine {
   uint64_t mapped_bytes() const override { return pool_.stats().mapped_bytes; }
   // Starts the D2H copy of a cold resident block. False when the host tier is full.
   bool start_eviction(uint32_t slot) override;
+  // Pinned memory for `bytes`; when the host tier is full and there is a disk tier, evicted
+  // blocks needed furthest away (never `except`) move on to the disk until it fits (Note
+  // [The disk tier] in disk_tier.h). nullptr with *error set when it cannot.
+  void* host_allocate(uint64_t bytes, uint32_t except, std::string* error);
+  // Moves an evicted block's host copy to the disk tier (written, then the host buffer
+  // freed). False with *error set when the disk cannot take it (nothing changed).
+  bool spill(uint32_t slot, std::string* error);
+  // Brings a block on the disk tier back into pinned memory (an evicted block again).
+  Status unspill(uint32_t slot);
+  // Gives a block's disk extent back (it was freed while on disk).
+  void forget_disk_copy(Slot& s);
   // How a fetch finds memory. kNeeded (a fault, a release): evicts others, waiting, when
   // memory is short. kPrefetch (the window): memory free now or behind pending frees'
   // events, else clean blocks needed later; it starts evictions for next time but never
@@ -325,6 +340,10 @@ class Engine::Impl : private policy::ReactiveEngine {
   std::vector<Deferred> deferred_;
   // Why the last eviction could not get pinned memory (the out-of-memory report says it).
   std::string host_refusal_;
+  // The disk tier (EngineOptions::disk_dir), or null: none asked for, or disk_refusal_ says
+  // why it could not be opened.
+  std::unique_ptr<DiskTier> disk_;
+  std::string disk_refusal_;
   policy::UseOrder order_;
   uint64_t graph_ = 1, seq_ = 0;
   policy::StepRecorder recorder_;

@@ -50,8 +50,10 @@ std::string Engine::Impl::check_invariants() {
     }
     sum.tagged_bytes += s.placed;
     sum.tagged_waste_bytes += s.placed - s.requested;
-    const bool host = s.residency != Residency::kResident;
+    const bool host = s.residency != Residency::kResident && !s.on_disk();
     expect((s.host != nullptr) == host, block + (host ? " has no host buffer" : " holds a host buffer it does not need"));
+    expect(!s.on_disk() || (s.residency == Residency::kEvicted && disk_), block + " is on the disk but not evicted");
+    if (s.on_disk()) sum.disk_bytes += s.requested;
     expect(!s.check || s.residency == Residency::kFetching, block + " holds a verify buffer with no fetch");
     if (s.residency == Residency::kClean) sum.clean_bytes += s.placed;
     if (s.residency == Residency::kEvicted || s.residency == Residency::kFetching) sum.evicted_bytes += s.placed;
@@ -78,6 +80,7 @@ std::string Engine::Impl::check_invariants() {
   same(st_.evicted_bytes, sum.evicted_bytes, "evicted_bytes");
   same(st_.in_flight_bytes, sum.in_flight_bytes, "in_flight_bytes");
   same(st_.num_tracked_blocks, sum.num_tracked_blocks, "num_tracked_blocks");
+  same(st_.disk_bytes, sum.disk_bytes, "disk_bytes");
   std::string text;
   for (const std::string& b : broken) text += (text.empty() ? "" : "; ") + b;
   return text;

@@ -55,9 +55,11 @@ std::string Engine::Impl::pressure_report() {
   return "Offload: " + format_size(tagged_resident) + " tagged and resident, " + format_size(untagged) +
          " untagged, " + format_size(s.evictable_bytes) + " evictable (cold, outside the prefetch window of " +
          std::to_string(options_.horizon) + "), " + format_size(s.clean_bytes) + " copied out but still mapped, " +
-         format_size(s.in_flight_bytes) + " in flight, " + format_size(s.evicted_bytes) + " on the host; host tier " +
-         format_size(s.host_bytes) + " used of " + format_size(host_.limit_bytes()) + "." +
-         (host_refusal_.empty() ? "" : " Eviction stopped: " + host_refusal_ + ".");  // the latest reason
+         format_size(s.in_flight_bytes) + " in flight, " + format_size(s.evicted_bytes) + " on the host" +
+         (disk_ ? " (" + format_size(s.disk_bytes) + " of it moved on to the disk tier in " + disk_->dir() + ")" : "") +
+         "; host tier " + format_size(s.host_bytes) + " used of " + format_size(host_.limit_bytes()) + "." +
+         (host_refusal_.empty() ? "" : " Eviction stopped: " + host_refusal_ + ".") +  // the latest reason
+         (disk_refusal_.empty() ? "" : " No disk tier: " + disk_refusal_ + ".");
 }
 
 }  // namespace vramswap::residency

@@ -124,6 +124,8 @@ pool::DevicePool* Allocator::pool_or_create(int device, AllocError* error) {
                           &captures_[device]});
     engine_options.soft_limit_bytes = config_.resolve_soft_limit(limit);
     engine_options.host_limit_bytes = config_.host_limit.value_or(0);
+    engine_options.disk_dir = config_.disk_dir;
+    engine_options.disk_limit_bytes = config_.disk_limit.value_or(0);
     engine_options.horizon = static_cast<int>(config_.horizon);  // at most 1024 (the table's range)
     engine_options.verify = config_.verify;
     engine_options.plan = config_.plan == config::PlanMode::kAuto;

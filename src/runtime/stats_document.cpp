@@ -52,6 +52,9 @@ const Counter kCounters[] = {
     VRAMSWAP_ENGINE_COUNTER(num_plan_divergences),
     VRAMSWAP_ENGINE_COUNTER(num_plan_backoffs),
     VRAMSWAP_ENGINE_COUNTER(planned_bytes_d2h),
+    VRAMSWAP_ENGINE_COUNTER(disk_bytes),
+    VRAMSWAP_ENGINE_COUNTER(disk_bytes_written),
+    VRAMSWAP_ENGINE_COUNTER(disk_bytes_read),
 };
 #undef VRAMSWAP_POOL_COUNTER
 #undef VRAMSWAP_ENGINE_COUNTER

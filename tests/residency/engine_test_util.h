@@ -98,7 +98,8 @@ class EngineFixture : public ::testing::Test {
   // its pattern.
   void unpack_all(const Saved& saved, uint8_t seed, size_t size = kBlock) {
     for (size_t i = saved.blocks.size(); i-- > 0;) {
-      ASSERT_TRUE(engine_->unpack(saved.handles[i], stream_).ok) << i;
+      const auto unpacked = engine_->unpack(saved.handles[i], stream_);
+      ASSERT_TRUE(unpacked.ok) << i << ": " << unpacked.message;
       EXPECT_TRUE(holds(saved.blocks[i], uint8_t(seed + i), size)) << "block " << i;
     }
   }

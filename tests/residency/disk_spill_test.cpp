@@ -1,0 +1,105 @@
+// The engine with a disk tier (EngineOptions::disk_dir, Note [The disk tier]): when the
+// pinned host tier is full, evicted blocks needed furthest away move on to the disk, and
+// come back from it byte for byte.
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "engine_test_util.h"
+
+namespace engine_test {
+namespace {
+
+// A fresh directory under TMPDIR, removed at the end.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string templ = std::string(base && *base ? base : "/tmp") + "/vramswap-spill-test-XXXXXX";
+    path_ = ::mkdtemp(templ.data()) ? templ : "";
+  }
+  ~ScratchDir() {
+    if (!path_.empty()) ::rmdir(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+using DiskSpill = EngineFixture;
+
+TEST_F(DiskSpill, BlocksPastAFullHostTierGoToDiskAndComeBackWhole) {
+  ScratchDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  EngineOptions options;
+  options.horizon = 1;
+  options.host_limit_bytes = 8 * kMiB;  // two blocks
+  options.disk_dir = dir.path();
+  start(16 * kMiB, options);
+  engine_->graph_begin();
+  // 32 MiB saved on a 16 MiB card with 8 MiB of pinned memory: at least 8 MiB must go on
+  // to the disk.
+  Saved saved = save_cold(8, 10);
+  EXPECT_EQ("", engine_->check_invariants());
+  const EngineStats mid = stats();
+  EXPECT_GT(mid.disk_bytes_written, 0u);
+  EXPECT_GT(mid.disk_bytes, 0u);
+  EXPECT_LE(mid.host_bytes, 8 * kMiB);
+  // Backward: each block unpacked (last saved first), checked, released and freed.
+  for (size_t i = saved.blocks.size(); i-- > 0;) {
+    const auto unpacked = engine_->unpack(saved.handles[i], stream_);
+    ASSERT_TRUE(unpacked.ok) << i << ": " << unpacked.message;
+    EXPECT_TRUE(holds(saved.blocks[i], uint8_t(10 + i))) << "block " << i;
+    ASSERT_TRUE(engine_->release(saved.handles[i]).ok) << i;
+    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
+    EXPECT_EQ("", engine_->check_invariants()) << i;
+  }
+  const EngineStats after = stats();
+  EXPECT_EQ(mid.disk_bytes_written, after.disk_bytes_read) << "what went to the disk came back";
+  EXPECT_EQ(0u, after.disk_bytes) << "every extent given back";
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+TEST_F(DiskSpill, AFreedBlockOnDiskGivesItsSpaceBack) {
+  ScratchDir dir;
+  EngineOptions options;
+  options.horizon = 0;
+  options.host_limit_bytes = 4 * kMiB;
+  options.disk_dir = dir.path();
+  start(8 * kMiB, options);
+  engine_->graph_begin();
+  Saved saved = save_cold(4, 1);
+  ASSERT_GT(stats().disk_bytes, 0u);
+  for (size_t i = saved.blocks.size(); i-- > 0;) {
+    // Freed without an unpack (the program dropped the graph): nothing is read back.
+    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
+  }
+  EXPECT_EQ(0u, stats().disk_bytes);
+  EXPECT_EQ(0u, stats().disk_bytes_read);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+TEST_F(DiskSpill, AnUnusableDirectoryLeavesTheEngineWithoutADiskAndSaysWhy) {
+  EngineOptions options;
+  options.horizon = 0;
+  options.host_limit_bytes = 4 * kMiB;
+  options.disk_dir = "/nonexistent/vramswap-spill";
+  start(8 * kMiB, options);
+  engine_->graph_begin();
+  Saved saved = save_cold(2, 1);
+  std::string error;
+  void* third = engine_->allocate_tagged(kBlock, stream_, &error);  // one block to the host
+  ASSERT_NE(nullptr, third) << error;
+  void* fourth = engine_->allocate_tagged(kBlock, stream_, &error);  // the host is full
+  EXPECT_EQ(nullptr, fourth);
+  EXPECT_NE(std::string::npos, error.find("VRAMSWAP_DISK_DIR='/nonexistent/vramswap-spill'")) << error;
+  ASSERT_TRUE(engine_->free_tagged(third, stream_).ok);
+  release_all(saved);
+}
+
+}  // namespace
+}  // namespace engine_test
