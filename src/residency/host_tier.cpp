@@ -99,7 +99,9 @@ struct HostTier::State {
     if (auto largest = placer->largest_free_bytes()) {
       out << ", largest free extent " << format_size(*largest);
     }
-    out << ", " << chunks.size() << " chunks of " << format_size(chunk) << ")";
+    // (A chunk pinned at the limit may be smaller than the chunk size.)
+    out << ", " << chunks.size() << (chunks.size() == 1 ? " chunk" : " chunks") << " pinned, chunk size "
+        << format_size(chunk) << ")";
     return out.str();
   }
 
