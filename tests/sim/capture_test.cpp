@@ -235,6 +235,9 @@ TEST_F(Capture, AnotherThreadsEventQueryFollowsTheModes) {
   cudaEvent_t event = nullptr;
   ASSERT_CUDA_OK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   ASSERT_CUDA_OK(cudaEventRecord(event, other));
+  // Complete before any capture: the queries below test the modes, not the event's progress
+  // (the stream's thread may not have reached the record yet: CUDASIM_CHAOS=7 delays it).
+  ASSERT_CUDA_OK(cudaEventSynchronize(event));
   struct Case {
     cudaStreamCaptureMode capture;
     cudaStreamCaptureMode thread;
