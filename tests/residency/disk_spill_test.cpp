@@ -1,39 +1,20 @@
 // The engine with a disk tier (EngineOptions::disk_dir, Note [The disk tier]): when the
 // pinned host tier is full, evicted blocks needed furthest away move on to the disk, and
 // come back from it byte for byte.
-#include <dirent.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "engine_test_util.h"
+#include "temp_dir.h"
 
 namespace engine_test {
 namespace {
 
-// A fresh directory under TMPDIR, removed at the end.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string templ = std::string(base && *base ? base : "/tmp") + "/vramswap-spill-test-XXXXXX";
-    path_ = ::mkdtemp(templ.data()) ? templ : "";
-  }
-  ~ScratchDir() {
-    if (!path_.empty()) ::rmdir(path_.c_str());
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using residency_test::TempDir;
 
 using DiskSpill = EngineFixture;
 
 TEST_F(DiskSpill, BlocksPastAFullHostTierGoToDiskAndComeBackWhole) {
-  ScratchDir dir;
+  TempDir dir("vramswap-spill-test");
   ASSERT_FALSE(dir.path().empty());
   EngineOptions options;
   options.horizon = 1;
@@ -65,7 +46,7 @@ TEST_F(DiskSpill, BlocksPastAFullHostTierGoToDiskAndComeBackWhole) {
 }
 
 TEST_F(DiskSpill, ChecksumsHoldThroughTheDisk) {
-  ScratchDir dir;
+  TempDir dir("vramswap-spill-test");
   EngineOptions options;
   options.horizon = 0;
   options.verify = true;  // checksummed at eviction, checked when each block is restored
@@ -89,7 +70,7 @@ TEST_F(DiskSpill, ChecksumsHoldThroughTheDisk) {
 }
 
 TEST_F(DiskSpill, AFreedBlockOnDiskGivesItsSpaceBack) {
-  ScratchDir dir;
+  TempDir dir("vramswap-spill-test");
   EngineOptions options;
   options.horizon = 0;
   options.host_limit_bytes = 4 * kMiB;

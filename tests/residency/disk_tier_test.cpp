@@ -3,53 +3,26 @@
 // with no CUDA.
 #include "residency/disk_tier.h"
 
-#include <dirent.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "temp_dir.h"
 
 namespace vramswap::residency {
 namespace {
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-// A fresh directory under TMPDIR, removed (with what is left in it) at the end.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string templ = std::string(base && *base ? base : "/tmp") + "/vramswap-disk-test-XXXXXX";
-    path_ = ::mkdtemp(templ.data()) ? templ : "";
-  }
-  ~TempDir() {
-    if (path_.empty()) return;
-    for (const std::string& name : entries()) ::unlink((path_ + "/" + name).c_str());
-    ::rmdir(path_.c_str());
-  }
-  const std::string& path() const { return path_; }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> names;
-    if (DIR* d = ::opendir(path_.c_str())) {
-      while (dirent* e = ::readdir(d))
-        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.push_back(e->d_name);
-      ::closedir(d);
-    }
-    return names;
-  }
-
- private:
-  std::string path_;
-};
+using residency_test::TempDir;
 
 std::unique_ptr<DiskTier> open_tier(const TempDir& dir, uint64_t limit, bool named = false) {
   std::string error;
@@ -66,7 +39,7 @@ std::vector<unsigned char> pattern(uint64_t bytes, unsigned seed) {
 }
 
 TEST(DiskTier, BlocksComeBackByteForByte) {
-  TempDir dir;
+  TempDir dir("vramswap-disk-test");
   auto tier = open_tier(dir, 64 * kMiB);
   ASSERT_NE(nullptr, tier);
   std::mt19937 rng(7);
@@ -98,7 +71,7 @@ TEST(DiskTier, BlocksComeBackByteForByte) {
 
 TEST(DiskTier, ItsFileIsInNoDirectoryAndOnlyItsOwnerMayReadIt) {
   for (bool named : {false, true}) {
-    TempDir dir;
+    TempDir dir("vramswap-disk-test");
     auto tier = open_tier(dir, 16 * kMiB, named);
     ASSERT_NE(nullptr, tier);
     std::string error;
@@ -119,7 +92,7 @@ TEST(DiskTier, AMissingDirectoryIsAClearError) {
 }
 
 TEST(DiskTier, TheLimitRefusesAndSaysSo) {
-  TempDir dir;
+  TempDir dir("vramswap-disk-test");
   auto tier = open_tier(dir, 2 * kMiB);
   ASSERT_NE(nullptr, tier);
   std::string error;
@@ -131,7 +104,7 @@ TEST(DiskTier, TheLimitRefusesAndSaysSo) {
 }
 
 TEST(DiskTier, FreedSpaceIsReusedAndTheFileShrinksAtItsEnd) {
-  TempDir dir;
+  TempDir dir("vramswap-disk-test");
   auto tier = open_tier(dir, 64 * kMiB);
   ASSERT_NE(nullptr, tier);
   std::string error;
@@ -176,13 +149,13 @@ TEST(DiskTier, FreedSpaceIsReusedAndTheFileShrinksAtItsEnd) {
 
 TEST(DiskTierDeathTest, AFullFilesystemIsAClearErrorAndLosesNothing) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  TempDir dir;
+  TempDir dir("vramswap-disk-test");
   EXPECT_EXIT(fill_a_small_filesystem(dir.path()), ::testing::ExitedWithCode(0),
               "cannot reserve 4 MiB for the disk tier in .*: File too large");
 }
 
 TEST(DiskTier, ThreadsReservingWritingAndReadingAtOnce) {
-  TempDir dir;
+  TempDir dir("vramswap-disk-test");
   auto tier = open_tier(dir, 256 * kMiB);
   ASSERT_NE(nullptr, tier);
   std::vector<std::thread> threads;
