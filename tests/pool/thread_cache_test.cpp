@@ -15,7 +15,28 @@
 namespace pool_test {
 namespace {
 
-using ThreadCaches = PoolTest;
+class ThreadCaches : public PoolTest {
+ protected:
+  // A block freed on another stream than its allocation's, by this thread or (`elsewhere`)
+  // another: not cached, and not reused on that stream before the allocation stream's work.
+  void expect_a_free_on_another_stream_waits(bool elsewhere) {
+    Stream other;
+    void* p = allocate(64 * kKiB);
+    ASSERT_NE(nullptr, p);
+    StreamGate gate;
+    ASSERT_CUDA_OK(gate.hold(stream_));
+    Result freed;  // the allocation stream still has work queued
+    if (elsewhere) std::thread([&] { freed = pool().deallocate(p, other); }).join();
+    else freed = pool().deallocate(p, other);
+    EXPECT_TRUE(freed.ok) << freed.message;
+    void* q = allocate(64 * kKiB, other);
+    EXPECT_NE(p, q) << "reused on the other stream before the allocation stream's work";
+    gate.open();
+    ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+    deallocate(q, other);
+    EXPECT_EQ("", pool().check_invariants());
+  }
+};
 
 // Expects the pool's own check to find nothing broken.
 void expect_invariants(DevicePool& pool) { EXPECT_EQ("", pool.check_invariants()); }
@@ -91,20 +112,7 @@ TEST_F(ThreadCaches, ABlockAnotherThreadFreesOnItsStreamGoesToItsOwnersCache) {
 }
 
 TEST_F(ThreadCaches, ABlockAnotherThreadFreesOnAnotherStreamGoesBackToThePoolBehindAnEvent) {
-  Stream other;
-  void* p = allocate(64 * kKiB);
-  ASSERT_NE(nullptr, p);
-  StreamGate gate;
-  ASSERT_CUDA_OK(gate.hold(stream_));
-  Result freed;
-  std::thread([&] { freed = pool().deallocate(p, other); }).join();  // the allocation stream still works
-  EXPECT_TRUE(freed.ok) << freed.message;
-  void* q = allocate(64 * kKiB, other);
-  EXPECT_NE(p, q) << "reused on the other stream before the allocation stream's work";
-  gate.open();
-  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
-  deallocate(q, other);
-  expect_invariants(pool());
+  expect_a_free_on_another_stream_waits(true);
 }
 
 TEST_F(ThreadCaches, AFreeFromAnotherThreadAfterTheCachesWentOffIsThePoolsOwn) {
@@ -151,18 +159,7 @@ TEST_F(ThreadCaches, RecordStreamTakesTheBlockBackAndItsFreeWaitsForThatStream) 
 }
 
 TEST_F(ThreadCaches, AFreeOnAnotherStreamIsNotCachedAndWaitsForTheFirst) {
-  Stream other;
-  void* p = allocate(64 * kKiB);
-  ASSERT_NE(nullptr, p);
-  StreamGate gate;
-  ASSERT_CUDA_OK(gate.hold(stream_));
-  deallocate(p, other);  // the allocation stream still has work queued
-  void* q = allocate(64 * kKiB, other);
-  EXPECT_NE(p, q) << "reused on the other stream before the allocation stream's work";
-  gate.open();
-  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
-  deallocate(q, other);
-  expect_invariants(pool());
+  expect_a_free_on_another_stream_waits(false);
 }
 
 TEST_F(ThreadCaches, AnExitedThreadsCachedBlocksGoBackToThePool) {
