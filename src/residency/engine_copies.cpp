@@ -126,7 +126,7 @@ void Engine::Impl::forget_disk_copy(Slot& s) {
   std::string error;
   if (!disk_->release(s.disk, &error))
     stats::log(stats::LogLevel::kWarn, "device %d: block %s: %s", device_, format_hex(s.addr).c_str(), error.c_str());
-  s.disk = UINT64_MAX;
+  s.disk = Slot::kNoDisk;
   st_.disk_bytes -= s.requested;
 }
 

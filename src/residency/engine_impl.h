@@ -25,7 +25,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -73,9 +72,10 @@ struct Slot {
   uint32_t step_block = policy::kNoPoint;  // its ordinal in the step being recorded
   bool planned = false;                    // its eviction in flight is the plan's
   uint64_t copy_seq = 0;                   // the order in which its copy in flight was queued
-  uint64_t disk = UINT64_MAX;              // evicted and moved on to the disk tier: its extent
-                                           // (its host buffer is gone); else UINT64_MAX
-  bool on_disk() const { return disk != UINT64_MAX; }
+  static constexpr uint64_t kNoDisk = UINT64_MAX;
+  uint64_t disk = kNoDisk;                 // evicted and moved on to the disk tier: its extent
+                                           // (its host buffer is gone); else kNoDisk
+  bool on_disk() const { return disk != kNoDisk; }
 };
 
 // A host buffer that must outlive a copy still in flight (its block was freed, or queuing
