@@ -303,6 +303,33 @@ int vramswap_prefetch(uint64_t handle) noexcept {
   return guarded<int>(__func__, -1, [&] { return reported(used_allocator().prefetch(handle)); });
 }
 
+uint64_t vramswap_keep(const void* ptr, int frozen) noexcept {
+  vramswap::clear_last_error();
+  if (!ptr) return 0;
+  return guarded<uint64_t>(__func__, 0, [&] { return used_allocator().keep(ptr, frozen != 0); });
+}
+
+int vramswap_use(uint64_t handle, struct CUstream_st* stream, int lane) noexcept {
+  vramswap::clear_last_error();
+  if (lane != VRAMSWAP_USE_FORWARD && lane != VRAMSWAP_USE_AFTER_BACKWARD) {
+    vramswap::set_last_error("vramswap_use: lane " + std::to_string(lane) +
+                             " is not VRAMSWAP_USE_FORWARD (0) or VRAMSWAP_USE_AFTER_BACKWARD (1)");
+    return -1;
+  }
+  const auto which = lane == VRAMSWAP_USE_FORWARD ? vramswap::residency::Engine::UseLane::kForward
+                                                  : vramswap::residency::Engine::UseLane::kAfterBackward;
+  return guarded<int>(__func__, -1, [&] {
+    const vramswap::residency::Status status = used_allocator().use(handle, stream, which);
+    const int rc = reported(status);
+    return rc != 0 && status.out_of_memory ? -2 : rc;
+  });
+}
+
+int vramswap_unkeep(uint64_t handle) noexcept {
+  vramswap::clear_last_error();
+  return guarded<int>(__func__, -1, [&] { return reported(used_allocator().unkeep(handle)); });
+}
+
 void vramswap_set_cold_probe(vramswap_cold_probe_fn probe) noexcept {
   vramswap::clear_last_error();
   guarded<int>(__func__, 0, [&] {

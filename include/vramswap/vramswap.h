@@ -180,7 +180,10 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * step), num_plan_backoffs (planned steps slower than the reactive policy's, each sending
  * the next steps back to it for a while), planned_bytes_d2h (bytes the plan's evictions
  * copied out), disk_bytes (evicted blocks on the disk tier now, VRAMSWAP_DISK_DIR),
- * disk_bytes_written (moved from pinned memory to it), disk_bytes_read (brought back). These
+ * disk_bytes_written (moved from pinned memory to it), disk_bytes_read (brought back),
+ * kept_bytes (live kept blocks, vramswap_keep), frozen_bytes_d2h (bytes frozen kept blocks
+ * copied out: each at most once), frozen_bytes_dropped (bytes of frozen kept blocks given up
+ * with no copy, their host copy made earlier). These
  * are totals over devices (the peaks are sums of each device's peak). Then
  * num_invalid_frees (frees vramswap refused), host_wait_ns (host time the process's threads
  * spent in vramswap waiting for the device: event, stream and device synchronizations),
@@ -191,7 +194,7 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * host_vmm_released_bytes (what the VMM calls did: bytes given pages by cuMemMap, taken
  * them by cuMemUnmap, bytes of pages created by cuMemCreate and released by cuMemRelease),
  * all process-wide, then "devices": an array with one object per
- * device that has a pool ({"device": ordinal, the same 36 keys, num_free_blocks,
+ * device that has a pool ({"device": ordinal, the same 39 keys, num_free_blocks,
  * va_reserved_bytes}). Thread-safe; a reading taken during allocations on other threads
  * is consistent per device, not across devices. */
 size_t vramswap_stats_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;
@@ -271,7 +274,8 @@ void vramswap_graph_begin(void) VRAMSWAP_NOEXCEPT;
  * logged and undone). Thread-safe. */
 int vramswap_mark_cold(uint64_t h, struct CUstream_st* stream) VRAMSWAP_NOEXCEPT;
 
-/* Backward needs the block of handle `h`: its contents are valid for all work queued on
+/* Backward needs the block of handle `h` (a packed one: a kept block that is not packed
+ * now is refused, use vramswap_use): its contents are valid for all work queued on
  * `stream` after this call, at its original address (also when it never left the device
  * and was marked cold on another stream: `stream` then waits for that point). If the block
  * was evicted it is
@@ -303,6 +307,47 @@ int vramswap_release(uint64_t h) VRAMSWAP_NOEXCEPT;
  * it into now (free memory, or memory freed behind the events of pending frees): a prefetch
  * never evicts, drops or copies out another block to make room. Thread-safe. */
 int vramswap_prefetch(uint64_t h) VRAMSWAP_NOEXCEPT;
+
+/* Kept blocks: frozen weights and optimizer state, used again in every step, outside
+ * backward (DESIGN.md, "Kept blocks"). Their handle lives until vramswap_unkeep or the
+ * block's free, and each use is bracketed by vramswap_use and vramswap_mark_cold; between
+ * uses the block is cold and may be evicted. A kept block autograd saves is also packed as
+ * any (vramswap_pack returns the same handle): after backward unpacked it and its last pack
+ * is released, it is cold again from that point of the stream it was unpacked on.
+ *
+ *   h = vramswap_keep(ptr, frozen)      each step: vramswap_use(h, s, lane) ... use it ...
+ *                                                  vramswap_mark_cold(h, s)
+ *
+ * vramswap_keep returns the handle of the tagged block holding `ptr` (keeping it again
+ * returns the same one), or 0, with the last error "", when no tagged block holds it (as
+ * vramswap_pack). The block is not cold until vramswap_mark_cold. `frozen` non-zero: its
+ * contents never change from now on (the caller's promise: a frozen weight), so its host
+ * copy, once made, stays valid: every eviction after the first drops its pages with no
+ * copy. Never fails otherwise. Thread-safe. */
+uint64_t vramswap_keep(const void* ptr, int frozen) VRAMSWAP_NOEXCEPT;
+
+/* Where a use falls in the predicted order: VRAMSWAP_USE_FORWARD while a forward runs (a
+ * frozen layer's weights; after a backward, in the forward about to begin), and
+ * VRAMSWAP_USE_AFTER_BACKWARD after the newest forward's backward (the optimizer's step).
+ * Uses are numbered in order; a kept block's next use is predicted at the same place one
+ * forward later. */
+#define VRAMSWAP_USE_FORWARD 0
+#define VRAMSWAP_USE_AFTER_BACKWARD 1
+
+/* The kept block of `h` is used now: valid for work queued on `stream` after this call,
+ * as vramswap_unpack (fetched if it left, the stream waits for a fetch in flight; the next
+ * VRAMSWAP_HORIZON blocks in predicted order are prefetched). It stays in use (never
+ * evicted) until vramswap_mark_cold(h, s). Returns 0, -2 for an out-of-memory as
+ * vramswap_unpack, or -1 with the last error for a bad handle, a handle that is not kept,
+ * a `lane` that is neither value above, or a stream capturing a CUDA graph with the block
+ * evicted. Thread-safe. */
+int vramswap_use(uint64_t h, struct CUstream_st* stream, int lane) VRAMSWAP_NOEXCEPT;
+
+/* The block of `h` is kept no more: an ordinary (still tagged) block again once no pack of
+ * it is left, brought back to the device first (the host thread waits) if it was evicted.
+ * Returns 0; or -1 with the last error for a bad handle, one that is not kept, or when an
+ * evicted block cannot be brought back (it stays kept). Thread-safe. */
+int vramswap_unkeep(uint64_t h) VRAMSWAP_NOEXCEPT;
 
 /* The tracker's cold probe. A block becomes cold when the program drops its last reference
  * to it, which no hook sees: the tracker notices only at its next call (a pack, an unpack),

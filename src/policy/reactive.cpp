@@ -19,8 +19,12 @@ bool kept_clean(const BlockView& b, bool in_window) {
   return b.state == BlockState::kClean && in_window && !b.planned_out;
 }
 
+bool droppable(const BlockView& b, bool in_window) {
+  return b.state == BlockState::kClean && b.cold && !kept_clean(b, in_window);
+}
+
 Room room_for(const BlockView& b, bool in_window) {
-  if (b.state == BlockState::kClean && !kept_clean(b, in_window)) return Room::kDrop;
+  if (droppable(b, in_window)) return Room::kDrop;
   if (!evictable(b, in_window)) return Room::kPass;
   return b.shares_granules ? Room::kEvictGranule : Room::kEvict;
 }
@@ -28,7 +32,7 @@ Room room_for(const BlockView& b, bool in_window) {
 Mate granule_mate(const BlockView& b, bool in_window) {
   if (evictable(b, in_window)) return Mate::kJoins;
   const bool away = b.state == BlockState::kEvicted || (b.state == BlockState::kEvicting && !b.cancelled) ||
-                    (b.state == BlockState::kClean && !in_window);
+                    (b.state == BlockState::kClean && b.cold && !in_window);
   return away ? Mate::kAway : Mate::kHolds;
 }
 
@@ -60,7 +64,7 @@ uint64_t Reactive::drop_clean(uint64_t bytes, uint32_t except, bool window_too) 
     if (dropped >= bytes) return false;
     if (slot == except) return true;
     const BlockView b = engine_.view(slot);
-    if (b.state != BlockState::kClean || kept_clean(b, w.count(slot))) return true;
+    if (!droppable(b, w.count(slot))) return true;
     dropped += engine_.drop(slot);
     return true;
   });

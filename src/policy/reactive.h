@@ -13,7 +13,8 @@
 // when it is live, resident, cold, not unpacked yet, and not among the next `horizon`
 // blocks to be used (the prefetch window, which would only fetch it back). A block whose
 // copy landed (clean) gives its pages up at once when memory is needed (*drop*), unless
-// the window keeps it (and the plan being followed does not want it out now).
+// it is in use (a frozen kept block keeps its host copy while used) or the window keeps
+// it (and the plan being followed does not want it out now).
 //
 //  * make_room, walking furthest first until the bytes leaving (evictions under way
 //    included) cover the request: drops clean blocks, evicts evictable ones; a small one
@@ -69,6 +70,9 @@ Window window_of(const UseOrder& order, int horizon);
 bool evictable(const BlockView& b, bool in_window);
 // Clean, and kept for the window (the plan does not want it out now). Pure.
 bool kept_clean(const BlockView& b, bool in_window);
+// Clean, cold (a frozen kept block stays clean while it is used: Note [Kept blocks] in
+// residency/engine.h) and not kept for the window: its pages may go at once. Pure.
+bool droppable(const BlockView& b, bool in_window);
 
 // What make_room does with a candidate. Pure.
 enum class Room { kPass, kDrop, kEvictGranule, kEvict };

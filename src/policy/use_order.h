@@ -8,6 +8,13 @@
 // engine; it is what makes Belady's rule (evict the block needed furthest in the future)
 // usable here.
 //
+// Kept blocks (Note [Kept blocks] in residency/engine.h: frozen weights, optimizer state)
+// are used again every step, outside backward. A graph's uses are in three lanes: lane 0,
+// the uses while its forward runs (a frozen layer's weights, in the order they were used);
+// lane 1, its backward (the packs, last saved first); lane 2, the uses after its backward
+// (the optimizer's step, in the order used). A kept block's next use is predicted from its
+// last: the same lane and position, one graph later.
+//
 // The cursor is the block unpacked last: the window is the next `n` packed blocks after
 // it, those prefetched and never evicted. Before any unpack the window starts at the
 // block needed first.
@@ -22,14 +29,19 @@
 
 namespace vramswap::policy {
 
+enum : uint8_t { kForwardLane = 0, kBackwardLane = 1, kAfterBackwardLane = 2 };
+
 struct UseKey {
   uint64_t graph = 0;
-  uint64_t seq = 0;
+  uint64_t seq = 0;  // lane 1: the save's ordinal; lanes 0 and 2: the use's position
+  uint8_t lane = kBackwardLane;
 };
 
-// True when the block saved at `a` is needed before the one saved at `b`. Pure.
+// True when the block saved (or used) at `a` is needed before the one at `b`. Pure.
 inline bool needed_before(const UseKey& a, const UseKey& b) {
-  return a.graph != b.graph ? a.graph < b.graph : a.seq > b.seq;
+  if (a.graph != b.graph) return a.graph < b.graph;
+  if (a.lane != b.lane) return a.lane < b.lane;
+  return a.lane == kBackwardLane ? a.seq > b.seq : a.seq < b.seq;
 }
 
 class UseOrder {

@@ -94,16 +94,35 @@ void Engine::Impl::background(const char* after) {
 }
 
 void Engine::Impl::untrack(Slot& s, uint32_t slot) {
-  if (s.packs > 0) {
-    order_.erase(s.key, slot);
-    --st_.num_tracked_blocks;
-  }
+  if (s.packs > 0 || s.kept) order_.erase(s.key, slot);
+  if (s.packs > 0) --st_.num_tracked_blocks;
+  if (s.kept) st_.kept_bytes -= s.placed;
   s.packs = 0;
+  s.kept = false;
+  s.frozen = false;
+  s.fresh_copy = false;
   s.cold = false;
   s.unpacked = false;
   s.step_block = policy::kNoPoint;
   if (s.cold_event) events_.release(std::move(s.cold_event));
   ++s.generation;  // every handle of this block is stale from now on
+}
+
+void Engine::Impl::reorder(uint32_t slot, bool was_in_order) {
+  Slot& s = slots_[slot];
+  if (was_in_order) order_.erase(s.key, slot);
+  if (s.packs == 0 && !s.kept) return;
+  if (s.packs > 0 && s.kept) s.key = policy::needed_before(s.next_use, s.pack_key) ? s.next_use : s.pack_key;
+  else s.key = s.packs > 0 ? s.pack_key : s.next_use;
+  order_.insert(s.key, slot);
+}
+
+uint32_t Engine::Impl::slot_holding(uintptr_t addr) const {
+  auto it = by_addr_.upper_bound(addr);
+  if (it == by_addr_.begin()) return UINT32_MAX;
+  --it;
+  const Slot& s = slots_[it->second];
+  return addr - s.addr < s.placed ? it->second : UINT32_MAX;
 }
 
 pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
@@ -181,26 +200,21 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
 
 uint64_t Engine::Impl::pack(const void* ptr, cudaStream_t stream) {
   (void)stream;  // the save is ordered by the caller; pack queues no work
-  const auto addr = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard lock(mu_);
-  auto it = by_addr_.upper_bound(addr);
-  if (it == by_addr_.begin()) return 0;
-  --it;
-  const uint32_t slot = it->second;
+  const uint32_t slot = slot_holding(reinterpret_cast<uintptr_t>(ptr));
+  if (slot == UINT32_MAX) return 0;
   Slot& s = slots_[slot];
-  if (addr - s.addr >= s.placed) return 0;
   const policy::UseKey key{graph_, ++seq_};
-  if (s.packs == 0) {
-    s.key = key;
-    order_.insert(key, slot);
-    ++st_.num_tracked_blocks;
-  } else if (policy::needed_before(key, s.key)) {
-    // Saved again: needed at the earliest of its saves (the latest one, in backward).
-    order_.erase(s.key, slot);
-    s.key = key;
-    order_.insert(key, slot);
+  // Saved again: needed at the earliest of its saves (the latest one, in backward).
+  if (s.packs == 0 || policy::needed_before(key, s.pack_key)) {
+    const bool in_order = s.packs > 0 || s.kept;
+    if (s.packs == 0) ++st_.num_tracked_blocks;
+    s.pack_key = key;
+    ++s.packs;
+    reorder(slot, in_order);
+  } else {
+    ++s.packs;
   }
-  ++s.packs;
   if (recorder_.active() && s.step_block == policy::kNoPoint) {
     s.step_block = recorder_.new_block(s.placed);
     if (s.step_block != policy::kNoPoint) {
@@ -224,7 +238,7 @@ Slot* Engine::Impl::resolve(uint64_t handle, const char* what, std::string* erro
     return nullptr;
   }
   Slot& s = slots_[slot];
-  if (!s.live || s.generation != generation || s.packs == 0) {
+  if (!s.live || s.generation != generation || (s.packs == 0 && !s.kept)) {
     *error = std::string(what) + ": handle " + format_hex(handle) +
              " is stale: its block was released or freed since it was packed";
     return nullptr;
@@ -274,13 +288,38 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
   std::string error;
   Slot* s = resolve(handle, "unpack", &error);
   if (!s) return {false, error};
+  if (s->packs == 0) return {false, "unpack: handle " + format_hex(handle) + " is kept but not packed: use it (vramswap_use)"};
+  backward_since_graph_ = true;
+  return bring_in(slot_of(handle), stream, s->pack_key, "unpack");
+}
+
+Status Engine::Impl::use(uint64_t handle, cudaStream_t stream, Engine::UseLane lane) {
+  cuda::RelaxedCaptureScope relaxed;
+  std::lock_guard lock(mu_);
+  std::string error;
+  Slot* s = resolve(handle, "use", &error);
+  if (!s) return {false, error};
+  if (!s->kept) return {false, "use: handle " + format_hex(handle) + " names a block that is not kept (vramswap_keep)"};
+  // Where this use falls in the order of use (Note [Kept blocks] in engine.h).
+  const uint8_t lane_id = lane == Engine::UseLane::kForward ? policy::kForwardLane : policy::kAfterBackwardLane;
+  const uint64_t graph = lane == Engine::UseLane::kForward && backward_since_graph_ ? graph_ + 1 : graph_;
+  const bool same_run = last_use_.graph == graph && last_use_.lane == lane_id;
+  const policy::UseKey now{graph, same_run ? last_use_.seq + 1 : 0, lane_id};
+  last_use_ = now;
   const uint32_t slot = slot_of(handle);
+  s->next_use = {graph + 1, now.seq, lane_id};
+  reorder(slot, true);
+  return bring_in(slot, stream, now, "use");
+}
+
+Status Engine::Impl::bring_in(uint32_t slot, cudaStream_t stream, const policy::UseKey& cursor, const char* what) {
+  Slot* s = &slots_[slot];
   bool capturing = false;
   try {
     capturing = cuda::is_capturing(stream);
     complete_copies(false);
   } catch (const cuda::CudaError& e) {
-    return {false, "unpack of block " + format_hex(s->addr) + ": " + e.what()};
+    return {false, std::string(what) + " of block " + format_hex(s->addr) + ": " + e.what()};
   }
   switch (s->residency) {
     case Residency::kResident:
@@ -290,12 +329,12 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
       break;
     case Residency::kClean:  // never given up: no copy back at all
       ++st_.num_clean_reuses;
-      debug("unpacked while clean (no copy back)", *s);
-      forget_host_copy(*s);
+      debug("used while clean (no copy back)", *s);
+      if (!s->frozen) forget_host_copy(*s);  // a frozen block's host copy stays valid
       break;
     case Residency::kEvicted: {
       if (capturing)
-        return {false, "unpack of an evicted block (" + format_hex(s->addr) +
+        return {false, std::string(what) + " of an evicted block (" + format_hex(s->addr) +
                            ") on a stream that is capturing a CUDA graph: it cannot be fetched now"};
       ++st_.num_faults;
       Status r = start_fetch(slot, Fetch::kNeeded);
@@ -305,7 +344,7 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
     case Residency::kFetching:
       if (!s->copy_event.query()) {
         ++st_.num_late_prefetches;
-        debug("unpacked while its fetch is in flight (late)", *s);
+        debug("used while its fetch is in flight (late)", *s);
       }
       break;
   }
@@ -322,12 +361,14 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
       cuda::wait_event(stream, *after);
     }
   } catch (const cuda::CudaError& e) {
-    return {false, "unpack of block " + format_hex(s->addr) + ": ordering the stream after its data failed: " + e.what() +
-                       "; the block is on the device, call unpack again"};
+    return {false, std::string(what) + " of block " + format_hex(s->addr) + ": ordering the stream after its data failed: " +
+                       e.what() + "; the block is on the device, call " + what + " again"};
   }
   s->unpacked = true;
   s->cold = false;
-  order_.set_cursor(s->key);
+  s->fresh_copy = false;
+  s->use_stream = stream;
+  order_.set_cursor(cursor);
   note_point(policy::PointKind::kUnpack, s->step_block, 0, capturing ? nullptr : stream);
   // Prefetch the window (making room for it by giving up what is needed furthest away), and
   // past it (policy/reactive.h).
@@ -335,8 +376,8 @@ Status Engine::Impl::unpack(uint64_t handle, cudaStream_t stream) {
     try {
       reactive().after_unpack();
     } catch (const std::exception& e) {
-      stats::log(stats::LogLevel::kWarn, "prefetch after an unpack on device %d failed: %s (the blocks concerned "
-                 "stay on the host and are fetched when unpacked)", device_, e.what());
+      stats::log(stats::LogLevel::kWarn, "prefetch after %s on device %d failed: %s (the blocks concerned "
+                 "stay on the host and are fetched when used)", what, device_, e.what());
     }
   }
   update_peaks();
@@ -349,20 +390,51 @@ Status Engine::Impl::release(uint64_t handle) {
   std::string error;
   Slot* s = resolve(handle, "release", &error);
   if (!s) return {false, error};
+  if (s->packs == 0) return {false, "release: handle " + format_hex(handle) + " is kept but not packed: nothing to release"};
   const uint32_t slot = slot_of(handle);
   note_point(policy::PointKind::kRelease, s->step_block, 0);
   if (s->packs > 1) {
     --s->packs;
     return {};
   }
-  // It becomes an ordinary block again: resident. Released without an unpack (backward did
-  // not need it) it may be on the host: bring it back first, waiting, so that nothing is
-  // lost; if that is refused the block stays packed and the handle valid.
+  if (!s->kept) return make_ordinary(slot, "release");
+  // Kept: backward is done with it. Its next use is the kept one; after its use by backward
+  // it is cold again from the work queued so far on the stream it was unpacked on.
+  s->packs = 0;
+  --st_.num_tracked_blocks;
+  s->step_block = policy::kNoPoint;
+  reorder(slot, true);
+  if (s->unpacked) {
+    try {
+      if (!s->cold_event) s->cold_event = events_.acquire();
+      s->cold_event.record(s->use_stream);
+      s->cold = true;
+      s->cold_stream = s->use_stream;
+      s->unpacked = false;
+    } catch (const cuda::CudaError& e) {
+      stats::log(stats::LogLevel::kWarn, "release of kept block %s on device %d: marking it cold failed: %s (it "
+                 "stays in use until marked cold)", format_hex(s->addr).c_str(), device_, e.what());
+    }
+  }
+  end_step_if_done();
+  return {};
+}
+
+Status Engine::Impl::make_ordinary(uint32_t slot, const char* what) {
+  // Released without an unpack (backward did not need it), or kept and away: it may be on
+  // the host: bring it back first, waiting, so that nothing is lost; if that is refused
+  // the block stays packed (or kept) and the handle valid.
+  Slot* s = &slots_[slot];
   if (s->residency == Residency::kEvicting) s->cancel = true;
   if (s->residency == Residency::kClean) forget_host_copy(*s);
+  const bool frozen = s->frozen;
+  s->frozen = false;  // the fetch below lands as an ordinary block's: its host copy goes
   if (s->residency == Residency::kEvicted) {
     Status r = start_fetch(slot, Fetch::kNeeded);
-    if (!r.ok) return {false, "release: " + r.message + "; the block stays packed, its handle valid"};
+    if (!r.ok) {
+      slots_[slot].frozen = frozen;
+      return {false, std::string(what) + ": " + r.message + "; the block stays where it was, its handle valid"};
+    }
   }
   // A fetch still in flight: an unpacked block's stream already waits for it; a block that
   // was never unpacked has no reader ordered after the fetch, so wait here.
@@ -371,12 +443,52 @@ Status Engine::Impl::release(uint64_t handle) {
       slots_[slot].copy_event.synchronize();
       complete_copies(false);
     } catch (const cuda::CudaError& e) {
-      return {false, "release: waiting for the fetch of block " + format_hex(slots_[slot].addr) + " failed: " + e.what() +
-                         "; the block stays packed, its handle valid"};
+      return {false, std::string(what) + ": waiting for the fetch of block " + format_hex(slots_[slot].addr) +
+                         " failed: " + e.what() + "; the block stays where it was, its handle valid"};
     }
   }
   untrack(slots_[slot], slot);
   end_step_if_done();
+  return {};
+}
+
+uint64_t Engine::Impl::keep(const void* ptr, bool frozen) {
+  std::lock_guard lock(mu_);
+  const uint32_t slot = slot_holding(reinterpret_cast<uintptr_t>(ptr));
+  if (slot == UINT32_MAX) return 0;
+  Slot& s = slots_[slot];
+  if (s.kept) {
+    // Kept again: frozen only while every keep says so.
+    if (!frozen && s.frozen) {
+      s.frozen = false;
+      if (s.residency == Residency::kClean && !s.cold) forget_host_copy(s);
+    }
+    return handle_of(slot);
+  }
+  s.kept = true;
+  s.frozen = frozen;
+  st_.kept_bytes += s.placed;
+  // Until its first use, predicted after everything known now.
+  s.next_use = {graph_ + 1, UINT64_MAX, policy::kAfterBackwardLane};
+  reorder(slot, s.packs > 0);
+  return handle_of(slot);
+}
+
+Status Engine::Impl::unkeep(uint64_t handle) {
+  cuda::RelaxedCaptureScope relaxed;
+  std::lock_guard lock(mu_);
+  std::string error;
+  Slot* s = resolve(handle, "unkeep", &error);
+  if (!s) return {false, error};
+  if (!s->kept) return {false, "unkeep: handle " + format_hex(handle) + " names a block that is not kept"};
+  const uint32_t slot = slot_of(handle);
+  if (s->packs == 0) return make_ordinary(slot, "unkeep");
+  // Still packed: a packed block now, whose host copy is not kept while it is used.
+  s->kept = false;
+  s->frozen = false;
+  st_.kept_bytes -= s->placed;
+  if (s->residency == Residency::kClean && !s->cold) forget_host_copy(*s);
+  reorder(slot, true);
   return {};
 }
 
@@ -413,6 +525,9 @@ Status Engine::mark_cold(uint64_t h, cudaStream_t stream) { return impl_->mark_c
 Status Engine::unpack(uint64_t h, cudaStream_t stream) { return impl_->unpack(h, stream); }
 Status Engine::release(uint64_t h) { return impl_->release(h); }
 Status Engine::prefetch(uint64_t h) { return impl_->prefetch(h); }
+uint64_t Engine::keep(const void* ptr, bool frozen) { return impl_->keep(ptr, frozen); }
+Status Engine::use(uint64_t h, cudaStream_t stream, UseLane lane) { return impl_->use(h, stream, lane); }
+Status Engine::unkeep(uint64_t h) { return impl_->unkeep(h); }
 uint64_t Engine::reclaim(uint64_t bytes, ReclaimMode mode, cudaStream_t stream) {
   return impl_->reclaim(bytes, mode, stream);
 }

@@ -41,6 +41,8 @@
 //   cancels the eviction (its pages are still mapped). The host blocks only when pages
 //   must first be freed by evicting others. Then the next `horizon` blocks in predicted
 //   order are prefetched on the H2D copy stream.
+// * Kept blocks (Note [Kept blocks] below) are used again every step: their handle lives
+//   until keep ends or the block is freed, and use/mark_cold bracket each use.
 // * Handles are 64 bits: device (8) | slot (24) | generation (32). A stale handle (its
 //   block released or freed), a foreign one, or 0 is refused with a message.
 // * CUDA graph capture: the engine's copies run on its own streams, after events recorded
@@ -54,6 +56,27 @@
 //   back, a failed fetch unmaps its pages again). Work a call sets off for later (landed
 //   copies, soft eviction, the window's prefetches) is logged when it fails, never
 //   returned: the call's own result stands.
+//
+// Note [Kept blocks]
+// ------------------
+// Frozen weights (a LoRA base) and optimizer state outlive every step and are used in each:
+// a weight in its layer's forward (and in backward, through autograd's saved tensor), the
+// optimizer's state inside step(). keep() gives such a block a handle that no release ends;
+// use() makes it valid on a stream as unpack does (fetched if it left; then the window is
+// prefetched) and mark_cold() ends the use. Between uses it is cold and a victim like any.
+// * Where a use falls in the order: kForward, while a forward runs (in the forward about to
+//   begin when a backward ran since the last graph_begin); kAfterBackward, after the newest
+//   graph's backward (the optimizer's step). Uses are numbered in order within their graph
+//   and lane (use_order.h); a kept block's next use is predicted at the same lane and
+//   position one graph later, or at its earliest pack when autograd saved it meanwhile.
+//   When the last pack of a kept block is released after backward unpacked it, the block
+//   is cold again from that point of the stream it was unpacked on.
+// * A frozen block's contents never change after keep (the caller promises it): its host
+//   copy, once made, stays valid, so the block stays clean while used and is dropped (its
+//   pages unmapped) with no copy every later time. Its first eviction is the only copy out.
+//   Optimizer state is written by each use: after it, it is resident and cold, and its
+//   next eviction copies it out again.
+// * unkeep() makes it an ordinary block again (brought back first, as release does).
 //
 // Thread safety: one mutex per engine guards its state. It is held while copies are
 // queued and, when memory is needed at once, while waiting for eviction copies to
@@ -121,6 +144,9 @@ struct EngineStats {
   uint64_t disk_bytes = 0;            // evicted blocks on the disk tier now
   uint64_t disk_bytes_written = 0;    // bytes moved from pinned memory to the disk tier, ever
   uint64_t disk_bytes_read = 0;       // bytes brought back from it, ever
+  uint64_t kept_bytes = 0;            // live kept blocks (Note [Kept blocks]), as placed
+  uint64_t frozen_bytes_d2h = 0;      // bytes frozen kept blocks copied out, ever (each once)
+  uint64_t frozen_bytes_dropped = 0;  // bytes of frozen kept blocks given up with no copy, ever
 };
 
 // The outcome of a tracker call: the pool's result type (ok, or refused with a message).
@@ -160,6 +186,14 @@ class Engine {
   Status unpack(uint64_t handle, cudaStream_t stream);
   Status release(uint64_t handle);
   Status prefetch(uint64_t handle);
+
+  // Note [Kept blocks]. keep: the handle of the tagged block holding `ptr`, kept until
+  // unkeep or its free (keeping it again returns the same handle); 0 when no live tagged
+  // block holds `ptr`. `frozen`: its contents never change from now on. Thread-safe.
+  enum class UseLane { kForward, kAfterBackward };
+  uint64_t keep(const void* ptr, bool frozen);
+  Status use(uint64_t handle, cudaStream_t stream, UseLane lane);
+  Status unkeep(uint64_t handle);
 
   // Frees at least `bytes` of device memory (the pool's reclaimer), as far as `mode` allows:
   // kNoWait drops clean blocks (and starts the copies of evictable ones further away);

@@ -297,6 +297,8 @@ void Engine::Impl::finish(uint32_t slot) {
     } else {  // clean: its pages go when memory is needed (drop)
       if (options_.verify) s.checksum = checksum(s.host, s.requested);
       if (planned) st_.planned_bytes_d2h += s.requested;
+      if (s.frozen) st_.frozen_bytes_d2h += s.requested;
+      s.fresh_copy = true;
       s.residency = Residency::kClean;
       debug(planned ? "copied out, clean (a planned victim)" : "copied out, clean", s);
       st_.clean_bytes += s.placed;
@@ -319,11 +321,17 @@ void Engine::Impl::finish(uint32_t slot) {
                               .c_str());
       }
     }
-    host_.free(s.host);
-    s.host = nullptr;
-    s.residency = Residency::kResident;
     st_.evicted_bytes -= s.placed;
-    debug("fetch landed, resident", s);
+    if (s.frozen) {  // its host copy stays valid (Note [Kept blocks] in engine.h)
+      s.residency = Residency::kClean;
+      st_.clean_bytes += s.placed;
+      debug("fetch landed, clean (frozen: its host copy stays)", s);
+    } else {
+      host_.free(s.host);
+      s.host = nullptr;
+      s.residency = Residency::kResident;
+      debug("fetch landed, resident", s);
+    }
   }
   events_.release(std::move(s.copy_event));
 }

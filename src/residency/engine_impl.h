@@ -20,7 +20,10 @@
 //   * residency kClean / kEvicted / kFetching <=> the block has a host copy (host !=
 //     nullptr); kEvicted <=> it has no pages; kEvicting <=> a D2H copy into `host` is in
 //     flight; kClean: the copy landed and the pages are still mapped (both copies valid);
-//   * a block is in order_ iff packs > 0, under `key`;
+//   * a block is in order_ iff packs > 0 or it is kept, under `key`: the earliest of its
+//     packs' keys and, kept, its next use (Note [Kept blocks] in engine.h);
+//   * a frozen kept block in use may be clean (its host copy stays valid); every other clean
+//     block is cold;
 //   * in_flight_ lists exactly the slots in kEvicting or kFetching.
 #pragma once
 
@@ -58,7 +61,8 @@ struct Slot {
   uint64_t requested = 0;  // what the program asked for: the bytes that are copied
   Residency residency = Residency::kResident;
   int packs = 0;
-  policy::UseKey key;
+  policy::UseKey key;       // its place in order_
+  policy::UseKey pack_key;  // packed: its earliest pack's key
   bool cold = false;
   bool unpacked = false;
   bool cancel = false;  // an eviction in flight whose result is no longer wanted
@@ -76,6 +80,15 @@ struct Slot {
   uint64_t disk = kNoDisk;                 // evicted and moved on to the disk tier: its extent
                                            // (its host buffer is gone); else kNoDisk
   bool on_disk() const { return disk != kNoDisk; }
+  // Note [Kept blocks] (engine.h): kept until unkeep or free; `next_use` is where its next use
+  // is predicted; `frozen`: its host copy stays valid once made; `fresh_copy`: that copy was
+  // made after its last use (a drop then was paid for by a copy); `use_stream`: where it was
+  // last unpacked or used.
+  bool kept = false;
+  bool frozen = false;
+  bool fresh_copy = false;
+  policy::UseKey next_use;
+  cudaStream_t use_stream = nullptr;
 };
 
 // A host buffer that must outlive a copy still in flight (its block was freed, or queuing
@@ -126,6 +139,7 @@ class Engine::Impl : private policy::ReactiveEngine {
   void graph_begin() {
     std::lock_guard lock(mu_);
     ++graph_;
+    backward_since_graph_ = false;
     if (st_.num_tracked_blocks == 0) begin_step();
     note_point(policy::PointKind::kGraph, policy::kNoPoint, 0);
   }
@@ -133,6 +147,9 @@ class Engine::Impl : private policy::ReactiveEngine {
   Status unpack(uint64_t handle, cudaStream_t stream);
   Status release(uint64_t handle);
   Status prefetch(uint64_t handle);
+  uint64_t keep(const void* ptr, bool frozen);
+  Status use(uint64_t handle, cudaStream_t stream, Engine::UseLane lane);
+  Status unkeep(uint64_t handle);
   uint64_t reclaim(uint64_t bytes, ReclaimMode mode, cudaStream_t stream) {
     probe_cold(stream);
     cuda::RelaxedCaptureScope relaxed;
@@ -191,8 +208,19 @@ class Engine::Impl : private policy::ReactiveEngine {
   }
 
  private:
-  // The slot a handle names, or nullptr with *error set.
+  // The slot a handle names (packed, or kept), or nullptr with *error set.
   Slot* resolve(uint64_t handle, const char* what, std::string* error);
+  // The live tagged block holding `addr`, or UINT32_MAX.
+  uint32_t slot_holding(uintptr_t addr) const;
+  // Puts a packed or kept block in order_ at the earliest of its pack_key (when packed) and
+  // its next_use (when kept); `was_in_order`: it is there now, under s.key.
+  void reorder(uint32_t slot, bool was_in_order);
+  // unpack's and use's common part: makes the block valid for work queued on `stream`
+  // (fetched, or waited for), then in use; the window is prefetched after `cursor`.
+  Status bring_in(uint32_t slot, cudaStream_t stream, const policy::UseKey& cursor, const char* what);
+  // Its last pack was released or its keep ended: an ordinary block again, brought back
+  // first (waiting) when it is on the host. On a refusal nothing changed.
+  Status make_ordinary(uint32_t slot, const char* what);
   uint64_t handle_of(uint32_t slot) const {
     return (uint64_t(device_) << kDeviceShift) | (uint64_t(slot) << kSlotShift) | slots_[slot].generation;
   }
@@ -346,6 +374,11 @@ class Engine::Impl : private policy::ReactiveEngine {
   std::string disk_refusal_;
   policy::UseOrder order_;
   uint64_t graph_ = 1, seq_ = 0;
+  // A backward ran since the last graph_begin (or none began yet): a kForward use belongs to
+  // the forward about to begin. The last use's key: the next use in its graph and lane
+  // takes the next position.
+  bool backward_since_graph_ = true;
+  policy::UseKey last_use_{0, 0, policy::kForwardLane};
   policy::StepRecorder recorder_;
   std::vector<uint32_t> step_slots_;   // the step's block ordinals -> slots
   std::vector<uint32_t> due_fetches_;  // ordinals whose planned fetch found no memory yet

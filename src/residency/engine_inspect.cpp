@@ -64,6 +64,9 @@ std::string Engine::Impl::check_invariants() {
       expect(bool(s.copy_event), block + " has a copy with no event");
     }
     if (s.packs > 0) ++sum.num_tracked_blocks;
+    if (s.kept) sum.kept_bytes += s.placed;
+    expect(s.kept || !s.frozen, block + " is frozen but not kept");
+    expect(s.residency != Residency::kClean || s.cold || s.frozen, block + " is clean and in use but not frozen");
     expect(!s.cold || bool(s.cold_event), block + " is cold with no cold event");
   }
   expect(by_addr_.size() == live, "the address map holds " + std::to_string(by_addr_.size()) + " blocks for " +
@@ -81,6 +84,7 @@ std::string Engine::Impl::check_invariants() {
   same(st_.in_flight_bytes, sum.in_flight_bytes, "in_flight_bytes");
   same(st_.num_tracked_blocks, sum.num_tracked_blocks, "num_tracked_blocks");
   same(st_.disk_bytes, sum.disk_bytes, "disk_bytes");
+  same(st_.kept_bytes, sum.kept_bytes, "kept_bytes");
   std::string text;
   for (const std::string& b : broken) text += (text.empty() ? "" : "; ") + b;
   return text;

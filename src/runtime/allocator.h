@@ -38,7 +38,7 @@
 //     any residency state), every other block to the pool. The engine is asked only while
 //     tagged blocks are live (num_live_tagged_), so a program that never opens a scope
 //     frees with no lock but the pool's.
-//   - the tracker protocol (pack, mark_cold, unpack, release, prefetch) goes to the engine
+//   - the tracker protocol (pack, mark_cold, unpack, release, prefetch, keep, use, unkeep) goes to the engine
 //     of the device that owns the pointer, or the device a handle names (its top byte).
 // Under pressure the pool calls its engine (the reclaimer) to evict cold blocks, for tagged
 // and untagged requests alike.
@@ -145,6 +145,10 @@ class Allocator {
   residency::Status unpack(uint64_t handle, cudaStream_t stream);
   residency::Status release(uint64_t handle);
   residency::Status prefetch(uint64_t handle);
+  // Kept blocks (Note [Kept blocks] in residency/engine.h): routed as pack and unpack are.
+  uint64_t keep(const void* ptr, bool frozen);
+  residency::Status use(uint64_t handle, cudaStream_t stream, residency::Engine::UseLane lane);
+  residency::Status unkeep(uint64_t handle);
   // The tracker's cold probe (vramswap_set_cold_probe; nullptr removes it): every engine
   // calls it, for its device, when an allocation finds memory short. Thread-safe (atomic).
   using ColdProbe = size_t (*)(int device, cudaStream_t stream);

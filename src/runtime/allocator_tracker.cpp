@@ -1,6 +1,6 @@
 // The process-wide allocator (allocator.h): the tracker protocol routed to the engine of
-// the device that owns the block or handle (pack, mark_cold, unpack, release, prefetch),
-// and record_stream routed to the owning pool.
+// the device that owns the block or handle (pack, mark_cold, unpack, release, prefetch;
+// keep, use, unkeep), and record_stream routed to the owning pool.
 #include "runtime/allocator.h"
 
 #include <cstdio>
@@ -56,6 +56,24 @@ residency::Status Allocator::prefetch(uint64_t handle) {
   std::string error;
   residency::Engine* e = engine_of_handle(handle, "prefetch", &error);
   return e ? e->prefetch(handle) : residency::Status{false, error};
+}
+
+uint64_t Allocator::keep(const void* ptr, bool frozen) {
+  if (num_live_tagged_.load(std::memory_order_relaxed) == 0) return 0;
+  const int owner = owner_of(ptr);
+  return owner < 0 ? 0 : engine(owner)->keep(ptr, frozen);
+}
+
+residency::Status Allocator::use(uint64_t handle, cudaStream_t stream, residency::Engine::UseLane lane) {
+  std::string error;
+  residency::Engine* e = engine_of_handle(handle, "use", &error);
+  return e ? e->use(handle, stream, lane) : residency::Status{false, error};
+}
+
+residency::Status Allocator::unkeep(uint64_t handle) {
+  std::string error;
+  residency::Engine* e = engine_of_handle(handle, "unkeep", &error);
+  return e ? e->unkeep(handle) : residency::Status{false, error};
 }
 
 bool Allocator::record_stream(void* ptr, cudaStream_t stream, std::string* error) {

@@ -54,6 +54,8 @@ TEST(ReactiveRules, OneBlock) {
       {"clean in the window", block(S::kClean), true, false, true, Room::kPass, Mate::kHolds},
       {"clean in the window, planned out", with(block(S::kClean), [](BlockView& b) { b.planned_out = true; }), true,
        false, false, Room::kDrop, Mate::kHolds},
+      // A frozen kept block keeps its host copy while it is used: clean, not cold.
+      {"clean, in use", block(S::kClean, false), false, false, false, Room::kPass, Mate::kHolds},
       {"evicting", block(S::kEvicting), false, false, false, Room::kPass, Mate::kAway},
       {"evicting, cancelled", with(block(S::kEvicting), [](BlockView& b) { b.cancelled = true; }), false, false, false,
        Room::kPass, Mate::kHolds},

@@ -1,0 +1,208 @@
+// Kept blocks (Note [Kept blocks] in src/residency/engine.h): frozen weights and optimizer
+// state, used in every step outside backward. A frozen block is copied out once and dropped
+// with no copy after that; optimizer state is copied out again after each use; a kept
+// block autograd saves comes back in backward and is cold again after its release.
+#include <vector>
+
+#include "engine_test_util.h"
+
+namespace engine_test {
+namespace {
+
+using Lane = Engine::UseLane;
+
+class Kept : public EngineFixture {
+ protected:
+  // Fills the block with `seed`'s pattern on the compute stream (as the optimizer writes).
+  void fill(void* p, uint8_t seed, size_t size = kBlock) {
+    std::vector<uint8_t> pattern(size);
+    for (size_t i = 0; i < size; ++i) pattern[i] = uint8_t(seed + i * 7);
+    ASSERT_EQ(cudaSuccess, cudaMemcpyAsync(p, pattern.data(), size, cudaMemcpyHostToDevice, stream_));
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(stream_));
+  }
+  // `n` kept blocks of seeds seed..seed+n-1, each cold once kept (not in use).
+  std::vector<std::pair<void*, uint64_t>> keep_cold(int n, uint8_t seed, bool frozen) {
+    std::vector<std::pair<void*, uint64_t>> kept;
+    for (int i = 0; i < n; ++i) {
+      void* p = tagged(uint8_t(seed + i));
+      const uint64_t h = engine_->keep(p, frozen);
+      EXPECT_NE(0u, h);
+      EXPECT_TRUE(engine_->mark_cold(h, stream_).ok);
+      kept.emplace_back(p, h);
+    }
+    return kept;
+  }
+  // One forward over frozen layers: each used, checked, and cold again.
+  void forward(const std::vector<std::pair<void*, uint64_t>>& layers, uint8_t seed) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const auto used = engine_->use(layers[i].second, stream_, Lane::kForward);
+      ASSERT_TRUE(used.ok) << i << ": " << used.message;
+      EXPECT_TRUE(holds(layers[i].first, uint8_t(seed + i))) << "layer " << i;
+      ASSERT_TRUE(engine_->mark_cold(layers[i].second, stream_).ok);
+      EXPECT_EQ("", engine_->check_invariants()) << i;
+    }
+  }
+};
+
+TEST_F(Kept, AFrozenBlockIsCopiedOutOnceAndDroppedWithNoCopyEveryLaterStep) {
+  EngineOptions options;
+  options.horizon = 1;
+  start(16 * kMiB, options);  // four blocks; six layers of weights
+  const auto layers = keep_cold(6, 20, true);
+  // Step 1 copies out what must leave; step 2 may copy out blocks step 1 left resident
+  // (each block at most once); from then on nothing is copied out again.
+  forward(layers, 20);
+  forward(layers, 20);
+  const EngineStats second = stats();
+  EXPECT_GT(second.frozen_bytes_d2h, 0u);
+  EXPECT_LE(second.frozen_bytes_d2h, 6 * kBlock) << "each block copied out at most once";
+  EXPECT_EQ(second.frozen_bytes_d2h, second.bytes_evicted_total) << "only the weights are kept";
+  EXPECT_EQ(6 * kBlock, second.kept_bytes);
+  uint64_t dropped = second.frozen_bytes_dropped;
+  for (int step = 3; step <= 5; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    forward(layers, 20);
+    const EngineStats s = stats();
+    EXPECT_EQ(second.bytes_evicted_total, s.bytes_evicted_total) << "no block was copied out again";
+    EXPECT_GT(s.frozen_bytes_dropped, dropped) << "the weights left again, with no copy";
+    dropped = s.frozen_bytes_dropped;
+  }
+  for (const auto& [p, h] : layers) ASSERT_TRUE(engine_->free_tagged(p, stream_).ok);
+  EXPECT_EQ(0u, stats().kept_bytes);
+  EXPECT_EQ(0u, stats().host_bytes) << "the host copies went with their blocks";
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+TEST_F(Kept, AFrozenBlockInUseIsNotGivenUpThoughItIsClean) {
+  EngineOptions options;
+  options.horizon = 0;
+  start(16 * kMiB, options);
+  const auto layers = keep_cold(4, 50, true);
+  // Pushed out (copied once), then used: clean and in use.
+  std::vector<std::pair<void*, uint64_t>> others = keep_cold(4, 90, false);
+  ASSERT_GT(stats().frozen_bytes_d2h, 0u);
+  ASSERT_TRUE(engine_->use(layers[0].second, stream_, Lane::kForward).ok);
+  // Memory is needed while it is used: the others' turn to come back.
+  for (size_t i = 0; i < others.size(); ++i) {
+    ASSERT_TRUE(engine_->use(others[i].second, stream_, Lane::kAfterBackward).ok) << i;
+    ASSERT_TRUE(engine_->mark_cold(others[i].second, stream_).ok);
+  }
+  EXPECT_TRUE(holds(layers[0].first, 50)) << "the block in use kept its pages";
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+TEST_F(Kept, OptimizerStateIsCopiedOutAgainAfterEachUseAndComesBackAsWritten) {
+  EngineOptions options;
+  options.horizon = 1;
+  start(16 * kMiB, options);
+  auto state = keep_cold(6, 30, false);
+  uint64_t evicted = stats().bytes_evicted_total;
+  for (int step = 1; step <= 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    for (size_t i = 0; i < state.size(); ++i) {
+      const auto used = engine_->use(state[i].second, stream_, Lane::kAfterBackward);
+      ASSERT_TRUE(used.ok) << used.message;
+      EXPECT_TRUE(holds(state[i].first, uint8_t(30 + 10 * (step - 1) + i))) << "state " << i;
+      fill(state[i].first, uint8_t(30 + 10 * step + i));  // the step writes it
+      ASSERT_TRUE(engine_->mark_cold(state[i].second, stream_).ok);
+    }
+    EXPECT_GT(stats().bytes_evicted_total, evicted) << "written state is copied out again";
+    evicted = stats().bytes_evicted_total;
+    EXPECT_EQ(0u, stats().frozen_bytes_d2h);
+    EXPECT_EQ("", engine_->check_invariants());
+  }
+}
+
+TEST_F(Kept, AKeptBlockAutogradSavesComesBackInBackwardAndIsColdAfterItsRelease) {
+  EngineOptions options;
+  options.horizon = 0;
+  start(16 * kMiB, options);
+  auto weight = keep_cold(1, 60, true)[0];
+  engine_->graph_begin();
+  ASSERT_TRUE(engine_->use(weight.second, stream_, Lane::kForward).ok);
+  EXPECT_EQ(weight.second, engine_->pack(weight.first, stream_)) << "one handle per block";
+  ASSERT_TRUE(engine_->mark_cold(weight.second, stream_).ok);
+  Saved acts = save_cold(4, 70);  // pushes the weight out
+  EXPECT_GT(stats().frozen_bytes_d2h, 0u);
+  // Backward: the activations, then the weight (saved first, needed last).
+  unpack_all(acts, 70);
+  release_all(acts);
+  const auto unpacked = engine_->unpack(weight.second, stream_);
+  ASSERT_TRUE(unpacked.ok) << unpacked.message;
+  EXPECT_TRUE(holds(weight.first, 60));
+  ASSERT_TRUE(engine_->release(weight.second).ok);
+  EXPECT_EQ(0u, stats().num_tracked_blocks) << "no pack is left";
+  EXPECT_EQ(kBlock, stats().kept_bytes) << "still kept";
+  EXPECT_EQ(kBlock, stats().clean_bytes) << "cold again after its release: droppable at once";
+  // Its next use, in the next forward.
+  ASSERT_TRUE(engine_->use(weight.second, stream_, Lane::kForward).ok);
+  EXPECT_TRUE(holds(weight.first, 60));
+  ASSERT_TRUE(engine_->mark_cold(weight.second, stream_).ok);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+TEST_F(Kept, StateNeededAfterBackwardLeavesBeforeTheActivationsBackwardNeeds) {
+  EngineOptions options;
+  options.horizon = 0;
+  start(16 * kMiB, options);
+  auto state = keep_cold(2, 10, false);
+  engine_->graph_begin();
+  for (const auto& [p, h] : state) {  // the optimizer's step after the first backward
+    ASSERT_TRUE(engine_->use(h, stream_, Lane::kAfterBackward).ok);
+    ASSERT_TRUE(engine_->mark_cold(h, stream_).ok);
+  }
+  engine_->graph_begin();
+  const uint64_t faults = stats().num_faults;
+  Saved acts = save_cold(4, 80);  // six blocks on a four-block card: the state leaves
+  EXPECT_EQ(2 * kBlock, stats().evicted_bytes + stats().clean_bytes + stats().in_flight_bytes);
+  unpack_all(acts, 80);
+  EXPECT_EQ(faults, stats().num_faults) << "every activation stayed on the device";
+  release_all(acts);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+TEST_F(Kept, CallsThatDoNotFitAKeptBlockAreRefusedAndAFreeEndsTheKeep) {
+  start(16 * kMiB);
+  void* p = tagged(1);
+  EXPECT_EQ(0u, engine_->keep(reinterpret_cast<void*>(0x1000), true)) << "no tagged block there";
+  const uint64_t packed = engine_->pack(p, stream_);
+  auto used = engine_->use(packed, stream_, Lane::kForward);
+  EXPECT_FALSE(used.ok);
+  EXPECT_NE(std::string::npos, used.message.find("not kept")) << used.message;
+  ASSERT_TRUE(engine_->release(packed).ok);
+
+  const uint64_t h = engine_->keep(p, true);
+  ASSERT_NE(0u, h);
+  EXPECT_EQ(h, engine_->keep(p, true));
+  auto unpacked = engine_->unpack(h, stream_);
+  EXPECT_FALSE(unpacked.ok);
+  EXPECT_NE(std::string::npos, unpacked.message.find("not packed")) << unpacked.message;
+  EXPECT_FALSE(engine_->release(h).ok);
+  ASSERT_TRUE(engine_->free_tagged(p, stream_).ok);
+  used = engine_->use(h, stream_, Lane::kForward);
+  EXPECT_FALSE(used.ok);
+  EXPECT_NE(std::string::npos, used.message.find("stale")) << used.message;
+  EXPECT_EQ(0u, stats().kept_bytes);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+TEST_F(Kept, UnkeepBringsAnEvictedBlockBackAndEndsTheHandle) {
+  EngineOptions options;
+  options.horizon = 0;
+  start(16 * kMiB, options);
+  auto kept = keep_cold(1, 5, true)[0];
+  Saved acts = save_cold(4, 40);  // the kept block leaves
+  ASSERT_GT(stats().frozen_bytes_d2h, 0u);
+  ASSERT_TRUE(engine_->unkeep(kept.second).ok);  // room: the activations are cold
+  EXPECT_TRUE(holds(kept.first, 5));
+  EXPECT_FALSE(engine_->use(kept.second, stream_, Lane::kForward).ok) << "the handle ended";
+  EXPECT_EQ(0u, stats().kept_bytes);
+  EXPECT_EQ("", engine_->check_invariants());
+  ASSERT_TRUE(engine_->free_tagged(kept.first, stream_).ok);
+  unpack_all(acts, 40);
+  release_all(acts);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+}  // namespace
+}  // namespace engine_test
