@@ -282,7 +282,8 @@ std::string Allocator::untagged_report(int device) const {
   } else {
     s += " " + format_size(untagged - small.bytes) +
          " are in blocks allocated outside any offload scope (backward's gradients, parameters, optimizer "
-         "state), which offload never takes.";
+         "state), which offload scopes never take; optimizer state and frozen weights can be kept instead "
+         "(vramswap.offload_optimizer, vramswap.offload_frozen).";
   }
   return s;
 }

@@ -65,6 +65,9 @@ struct Api {
   decltype(&vramswap_release) release = nullptr;
   decltype(&vramswap_prefetch) prefetch = nullptr;
   decltype(&vramswap_set_cold_probe) set_cold_probe = nullptr;
+  decltype(&vramswap_keep) keep = nullptr;
+  decltype(&vramswap_use) use = nullptr;
+  decltype(&vramswap_unkeep) unkeep = nullptr;
   // From the runtime libvramswap.so depends on.
   decltype(&cudaMemcpy) memcpy = nullptr;
   decltype(&cudaMalloc) cuda_malloc = nullptr;
@@ -122,6 +125,9 @@ const Api& api() {
     find(handle, a.release, "vramswap_release", &missing);
     find(handle, a.prefetch, "vramswap_prefetch", &missing);
     find(handle, a.set_cold_probe, "vramswap_set_cold_probe", &missing);
+    find(handle, a.keep, "vramswap_keep", &missing);
+    find(handle, a.use, "vramswap_use", &missing);
+    find(handle, a.unkeep, "vramswap_unkeep", &missing);
     find(handle, a.memcpy, "cudaMemcpy", &missing);
     find(handle, a.cuda_malloc, "cudaMalloc", &missing);
     find(handle, a.cuda_free, "cudaFree", &missing);
@@ -1086,6 +1092,7 @@ TEST_F(PluginOffload, OutOfMemoryWithLittleTaggedNamesTheThreshold) {
   ASSERT_LT(outside.size(), 2 * limit_ / kBlock) << "no out-of-memory";
   EXPECT_NE(large.find("allocated outside any offload scope"), std::string::npos) << large;
   EXPECT_EQ(large.find("a smaller VRAMSWAP_MIN_OFFLOAD_BYTES"), std::string::npos) << large;
+  EXPECT_NE(large.find("vramswap.offload_optimizer"), std::string::npos) << "what can take it instead: " << large;
   for (void* p : outside) a.free(p, kBlock, 0, stream_);
   a.free(one_small, kSmall, 0, stream_);
   push();
@@ -1607,6 +1614,43 @@ TEST_F(PluginOffload, OnlyLargeEnoughAllocationsInsideAScopeAreTagged) {
   a.free(small, 0, 0, stream_);
   a.free(exact, 0, 0, stream_);
   a.free(big, 0, 0, stream_);
+  a.free(outside, 0, 0, stream_);
+  EXPECT_STREQ(a.last_error(), "");
+  expect_nothing_tagged_left();
+}
+
+// Kept blocks through the C API (Note [Kept blocks] in src/residency/engine.h): a handle no
+// release ends, used and marked cold again; bad calls refused with what was wrong.
+TEST_F(PluginOffload, AKeptBlockIsUsedAgainUntilUnkeptAndBadCallsSayWhy) {
+  void* outside = a.malloc(kBlock, 0, stream_);
+  ASSERT_NE(outside, nullptr) << last_error();
+  EXPECT_EQ(a.keep(outside, 1), 0u) << "allocated outside any scope: not offloadable";
+  EXPECT_STREQ(a.last_error(), "");
+  EXPECT_EQ(a.keep(nullptr, 1), 0u);
+  push();
+  void* p = a.malloc(kBlock, 0, stream_);
+  pop();
+  ASSERT_NE(p, nullptr) << last_error();
+  const uint64_t h = a.keep(p, 1);
+  ASSERT_NE(h, 0u);
+  EXPECT_EQ(a.keep(static_cast<char*>(p) + 4096, 1), h) << "an address inside names the same block";
+  EXPECT_EQ(counter("kept_bytes"), kBlock);
+  EXPECT_EQ(a.mark_cold(h, stream_), 0) << last_error();
+  for (int step = 0; step < 3; ++step) {
+    EXPECT_EQ(a.use(h, stream_, VRAMSWAP_USE_FORWARD), 0) << last_error();
+    EXPECT_EQ(a.mark_cold(h, stream_), 0) << last_error();
+  }
+  EXPECT_EQ(a.use(h, stream_, 7), -1);
+  EXPECT_NE(last_error().find("lane 7"), std::string::npos) << last_error();
+  EXPECT_EQ(a.unpack(h, stream_), -1) << "kept, not packed";
+  EXPECT_NE(last_error().find("not packed"), std::string::npos) << last_error();
+  EXPECT_EQ(a.release(h), -1) << "nothing to release";
+  EXPECT_EQ(a.unkeep(h), 0) << last_error();
+  EXPECT_EQ(counter("kept_bytes"), 0u);
+  EXPECT_EQ(a.use(h, stream_, VRAMSWAP_USE_AFTER_BACKWARD), -1) << "unkept: the handle ended";
+  EXPECT_NE(last_error().find("stale"), std::string::npos) << last_error();
+  EXPECT_EQ(a.unkeep(h), -1);
+  a.free(p, 0, 0, stream_);
   a.free(outside, 0, 0, stream_);
   EXPECT_STREQ(a.last_error(), "");
   expect_nothing_tagged_left();

@@ -27,6 +27,10 @@ static_assert(std::is_same_v<decltype(&vramswap_mark_cold), int (*)(uint64_t, cu
 static_assert(std::is_same_v<decltype(&vramswap_unpack), int (*)(uint64_t, cudaStream_t) noexcept>);
 static_assert(std::is_same_v<decltype(&vramswap_release), int (*)(uint64_t) noexcept>);
 static_assert(std::is_same_v<decltype(&vramswap_prefetch), int (*)(uint64_t) noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_keep), uint64_t (*)(const void*, int) noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_use), int (*)(uint64_t, cudaStream_t, int) noexcept>);
+static_assert(std::is_same_v<decltype(&vramswap_unkeep), int (*)(uint64_t) noexcept>);
+static_assert(VRAMSWAP_USE_FORWARD == 0 && VRAMSWAP_USE_AFTER_BACKWARD == 1);
 // torch's pluggable allocator stores plain function pointers of these types.
 using TorchMalloc = void* (*)(size_t, int, cudaStream_t);
 using TorchFree = void (*)(void*, size_t, int, cudaStream_t);

@@ -6,6 +6,8 @@ What exists so far (see DESIGN.md, "Who uses it and how"):
   vramswap.sim.install_cpu(**config)  the CPU-emulation mode: torch's CPU tensors are
                                       allocated by libvramswap.so on cudasim (no GPU needed)
   vramswap.offload()                  the autograd tracker (saved-tensor hooks)
+  vramswap.offload_frozen(module)     frozen weights streamed layer by layer (kept.py)
+  vramswap.offload_optimizer(opt)     optimizer state off the device between steps (kept.py)
   vramswap.memory_stats()             vramswap_stats_json as a dict, plus torch's key names
   vramswap.memory_allocated(), max_memory_allocated(), memory_reserved(),
   max_memory_reserved(), reset_peak_memory_stats()   torch.cuda's functions, by their names
@@ -36,7 +38,8 @@ from ._version import __version__
 __all__ = ["__version__", "install", "installed", "sim", "offload", "memory_stats", "reset_peak_stats",
            "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
            "reset_peak_memory_stats", "memory_summary", "record_memory_history", "snapshot", "memory_snapshot",
-           "dump_snapshot", "empty_cache", "enable_peer_access", "tracker_stats",
+           "dump_snapshot", "empty_cache", "enable_peer_access", "tracker_stats", "offload_frozen",
+           "offload_optimizer",
            "VramswapError", "ConfigError",
            "OutOfMemoryError"]
 
@@ -44,6 +47,7 @@ __all__ = ["__version__", "install", "installed", "sim", "offload", "memory_stat
 # (vramswap.bench, `python3 -m vramswap bench|replay`, memory_stats) runs without it.
 _LAZY = {"sim": ("sim", None), "install": ("cuda", "install"), "installed": ("cuda", "installed"),
          "offload": ("tracker", "offload"), "tracker_stats": ("tracker", "tracker_stats"),
+         "offload_frozen": ("kept", "offload_frozen"), "offload_optimizer": ("kept", "offload_optimizer"),
          "OutOfMemoryError": ("_errors", "OutOfMemoryError")}
 
 

@@ -79,6 +79,9 @@ def _declare(lib):
         "vramswap_release": (i, [u64]),
         "vramswap_prefetch": (i, [u64]),
         "vramswap_set_cold_probe": (None, [vp]),
+        "vramswap_keep": (u64, [vp, i]),
+        "vramswap_use": (i, [u64, vp, i]),
+        "vramswap_unkeep": (i, [u64]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

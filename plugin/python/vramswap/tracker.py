@@ -116,6 +116,12 @@ class _Tracker:
         snapshot["cold"] = _ext.load().num_cold_marks()
         return snapshot
 
+    def live(self, h):
+        """How many saved tensors of handle h the tracker holds now (its packs not yet
+        released)."""
+        with self._locked():
+            return self._live.get(h, 0)
+
     def is_pending(self, h):
         """True while handle h is packed and not yet marked cold (nor unpacked)."""
         return _ext.load().is_pending(h)
