@@ -35,7 +35,7 @@ STEPS = 3
 SCRIPT = Path(__file__).resolve()
 
 
-def lora_model(torch):
+def lora_model(torch, checkpointed=False):
     nn = torch.nn
 
     class Adapted(nn.Module):
@@ -57,12 +57,17 @@ def lora_model(torch):
 
         def forward(self, tokens, targets):
             x = self.embed(tokens)
-            for layer in self.layers:
-                x = torch.tanh(layer(x))
+            for i, layer in enumerate(self.layers):
+                if self.checkpointed and i in (2, 3):
+                    from torch.utils.checkpoint import checkpoint
+                    x = torch.tanh(checkpoint(layer, x, use_reentrant=False))
+                else:
+                    x = torch.tanh(layer(x))
             return nn.functional.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
 
     torch.manual_seed(0)
     model = LoRA()
+    model.checkpointed = checkpointed
     for name, p in model.named_parameters():
         p.requires_grad = name.endswith(".a.weight") or name.endswith(".b.weight")
     tokens = torch.randint(0, 512, (4, 32))
@@ -84,14 +89,16 @@ def child(mode, case, out, limit):
     import torch
     torch.set_num_threads(1)
     vramswap = None
-    build = lora_model if case == "lora" else mlp_model
+    lora = case.startswith("lora")
+    build = {"lora": lora_model, "lora_checkpoint": lambda torch: lora_model(torch, True),
+             "lora_no_scope": lora_model, "adamw": mlp_model}[case]
     result = {"steps": []}
     if mode != "ref":
         import vramswap
         config = {"horizon": 2}
         if limit:
             config["limit"] = str(limit)
-        if case == "lora" and mode == "offload":
+        if lora and mode == "offload":
             # A model larger than the limit: built first (in ordinary memory), then its frozen
             # weights move into vramswap's blocks one by one as offload_frozen keeps them.
             model, data = build(torch)
@@ -105,12 +112,12 @@ def child(mode, case, out, limit):
     else:
         model, data = build(torch)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    if case == "lora":
+    if lora:
         opt = torch.optim.SGD(trainable, lr=0.1)
     else:
         opt = torch.optim.AdamW(trainable, lr=1e-3)
     if mode == "offload":
-        if case == "lora":
+        if lora:
             frozen = vramswap.offload_frozen(model)
             result["kept_params"] = len(frozen)
             result["kept_weight_bytes"] = frozen.kept_bytes()
@@ -118,11 +125,12 @@ def child(mode, case, out, limit):
             vramswap.offload_optimizer(opt)
     if vramswap is not None:
         vramswap.reset_peak_stats()
-    scope = vramswap.offload if (vramswap is not None and mode != "peak" and case == "lora") else None
+    scope = vramswap.offload if (vramswap is not None and mode != "peak" and lora and case != "lora_no_scope") \
+        else None
     losses = []
     try:
         for step in range(STEPS):
-            if case == "lora":
+            if lora:
                 if scope:
                     with scope():
                         loss = model(*data)
@@ -180,14 +188,14 @@ def main(argv):
     if argv and argv[0] == "--child":
         child(argv[1], argv[2], argv[3], int(argv[4]))
         return 0
-    cases = argv or ["lora", "adamw"]
+    cases = argv or ["lora", "lora_checkpoint", "lora_no_scope", "adamw"]
     check = harness.Checks()
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases:
             ref, _ = run("ref", case, tmp)
             _, peak = run("peak", case, tmp)
             peak_bytes = peak["stats"]["peak_reserved_bytes"]
-            percent = 50 if case == "lora" else 75
+            percent = {"adamw": 75, "lora_no_scope": 90}.get(case, 50)
             limit = peak_bytes * percent // 100 // MIB * MIB
             off, info = run("offload", case, tmp, limit)
             s = info["stats"]
@@ -200,16 +208,19 @@ def main(argv):
             same(check, f"{case}: under the limit", ref, off)
             check(s["peak_reserved_bytes"] <= limit, f"{case}: peak reserved within the limit "
                   f"({s['peak_reserved_bytes']} <= {limit})")
-            if case == "lora":
+            if case == "lora_no_scope":
+                d2h = info["steps"][-1]["frozen_bytes_d2h"] if info["steps"] else 0
+                check(d2h > 0, f"{case}: weights that autograd did not save left the device ({d2h} B)")
+            elif case.startswith("lora"):
                 kept = info["kept_weight_bytes"]
-                check(kept > limit, f"lora: the frozen weights ({kept} B, {info['kept_params']} parameters kept) "
+                check(kept > limit, f"{case}: the frozen weights ({kept} B, {info['kept_params']} parameters kept) "
                       f"exceed the limit ({limit} B)")
                 d2h = [st["frozen_bytes_d2h"] for st in info["steps"]]
                 dropped = [st["frozen_bytes_dropped"] for st in info["steps"]]
-                check(0 < d2h[-1] <= kept, f"lora: each weight copied out at most once ({d2h[-1]} <= {kept})")
+                check(0 < d2h[-1] <= kept, f"{case}: each weight copied out at most once ({d2h[-1]} <= {kept})")
                 check(all(dropped[i] > dropped[i - 1] for i in range(1, STEPS)),
-                      f"lora: weights dropped with no copy in every later step ({dropped})")
-                check(d2h[-1] == d2h[-2], f"lora: no weight copied out in the last step ({d2h})")
+                      f"{case}: weights dropped with no copy in every later step ({dropped})")
+                check(d2h[-1] == d2h[-2], f"{case}: no weight copied out in the last step ({d2h})")
             else:
                 before = peak["peak_before_first_step"]
                 check(before < peak_bytes, f"adamw: without offload the peak is in the optimizer "

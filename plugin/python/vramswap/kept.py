@@ -21,12 +21,20 @@ ends the use, when it is known that nothing but vramswap's tracker holds them fo
  * vramswap's tracker packed the weight during the call (an offload scope is open): backward
    gets it back through the tracker's unpack, and the engine marks it cold again after
    that use is released.
-Otherwise (no offload scope, so autograd saves the weight itself; or torch.utils.checkpoint's
-hooks took the saved tensors) backward may read the weight with no call to vramswap, so it
-stays in use until the backward that the output's graph runs has finished (a callback at its
-end, queued by a hook on the output's grad_fn). The promise the caller makes: a frozen
-parameter is read only inside the forward of a module that holds it (a weight tied into
-another module's forward by a functional call is not seen), and never written.
+Otherwise the saved tensors went elsewhere:
+ * during backward (torch.utils.checkpoint recomputing the module): checkpoint's hooks hold
+   the weight until the recomputed module's backward, so the use ends when the gradient of
+   its inputs is computed (a hook on each input that needs one), or at the latest when the
+   backward that runs finishes (a callback queued at its end);
+ * inside an offload scope, with hooks nested inside the tracker's (checkpoint's forward,
+   which keeps nothing; save_on_cpu, which keeps a copy): the use ends now;
+ * with no offload scope open, autograd saved the weight itself and backward reads it with no
+   call to vramswap: the use ends when the backward that the output's graph runs has
+   finished (a callback at its end, queued by a hook on the output's grad_fn).
+The promises the caller makes: a frozen parameter is read only inside the forward of a
+module that holds it (a weight tied into another module's forward by a functional call is
+not seen), never written, and no saved-tensor hooks nested inside an offload scope keep a
+frozen weight itself for backward.
 
 Note [Optimizer state]
 ----------------------
@@ -200,15 +208,42 @@ class FrozenOffload:
                 _cold(kept)  # nothing saved it, or backward gets it through the tracker
             else:
                 later.append(kept)
-        if later:
-            def end_of_backward(*_):
-                def cold():
-                    for kept in later:
-                        if _lib.lib().vramswap_mark_cold(kept.handle, _stream()) != 0:
-                            pass  # its block was freed meanwhile: nothing to mark
-                torch.autograd.Variable._execution_engine.queue_callback(cold)
-            for fn in fns:
-                fn.register_hook(end_of_backward)
+        if not later:
+            return
+
+        done = []
+
+        def cold(*_):
+            if done:
+                return None
+            done.append(True)
+            for kept in later:
+                _lib.lib().vramswap_mark_cold(kept.handle, _stream())  # refused only when freed meanwhile
+            return None
+
+        try:
+            # Backward is running: this is torch.utils.checkpoint's recomputation, whose saved
+            # tensors its own hooks hold until the recomputed module ran backward. That is done
+            # once the gradient of its inputs is (a hook on each input that needs one), or at
+            # the latest when the backward finishes (a callback queued at its end).
+            torch.autograd.Variable._execution_engine.queue_callback(cold)
+            for t in inputs:
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(cold)
+            return
+        except RuntimeError:
+            pass
+        if _tracker.scope_open():
+            # Inside an offload scope the tracker's hooks would have packed the weight; hooks
+            # nested inside them took the saves instead: checkpoint's forward, which keeps none.
+            cold()
+            return
+        # No offload scope: autograd saved the weight itself, for a backward vramswap does not
+        # see. Cold once the backward that the output's graph runs has finished.
+        def end_of_backward(*_):
+            torch.autograd.Variable._execution_engine.queue_callback(cold)
+        for fn in fns:
+            fn.register_hook(end_of_backward)
 
     def remove(self):
         """Removes the hooks and ends every keep (evicted weights come back first)."""

@@ -122,6 +122,11 @@ class _Tracker:
         with self._locked():
             return self._live.get(h, 0)
 
+    def scope_open(self):
+        """True while an offload() scope is open (on any thread)."""
+        with self._locked():
+            return self._depth > 0
+
     def is_pending(self, h):
         """True while handle h is packed and not yet marked cold (nor unpacked)."""
         return _ext.load().is_pending(h)
