@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 import harness  # noqa: E402
 
 MIB = 1 << 20
@@ -35,63 +36,15 @@ STEPS = 3
 SCRIPT = Path(__file__).resolve()
 
 
-def lora_model(torch, checkpointed=False):
-    nn = torch.nn
-
-    class Adapted(nn.Module):
-        def __init__(self, d, r):
-            super().__init__()
-            self.base = nn.Linear(d, d)
-            self.a = nn.Linear(d, r, bias=False)
-            self.b = nn.Linear(r, d, bias=False)
-
-        def forward(self, x):
-            return self.base(x) + self.b(self.a(x))
-
-    class LoRA(nn.Module):
-        def __init__(self, d=1024, r=16, layers=6, vocab=512):
-            super().__init__()
-            self.embed = nn.Embedding(vocab, d)
-            self.layers = nn.ModuleList(Adapted(d, r) for _ in range(layers))
-            self.head = nn.Linear(d, vocab)
-
-        def forward(self, tokens, targets):
-            x = self.embed(tokens)
-            for i, layer in enumerate(self.layers):
-                if self.checkpointed and i in (2, 3):
-                    from torch.utils.checkpoint import checkpoint
-                    x = torch.tanh(checkpoint(layer, x, use_reentrant=False))
-                else:
-                    x = torch.tanh(layer(x))
-            return nn.functional.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
-
-    torch.manual_seed(0)
-    model = LoRA()
-    model.checkpointed = checkpointed
-    for name, p in model.named_parameters():
-        p.requires_grad = name.endswith(".a.weight") or name.endswith(".b.weight")
-    tokens = torch.randint(0, 512, (4, 32))
-    targets = torch.randint(0, 512, (4, 32))
-    return model, (tokens, targets)
-
-
-def mlp_model(torch):
-    nn = torch.nn
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                          nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024))
-    x = torch.randn(16, 1024)
-    y = torch.randn(16, 1024)
-    return model, (x, y)
+MODEL = {"lora": "lora", "lora_checkpoint": "lora_checkpoint", "lora_no_scope": "lora", "adamw": "mlp"}
 
 
 def child(mode, case, out, limit):
     import torch
+    import train_kept
     torch.set_num_threads(1)
     vramswap = None
     lora = case.startswith("lora")
-    build = {"lora": lora_model, "lora_checkpoint": lambda torch: lora_model(torch, True),
-             "lora_no_scope": lora_model, "adamw": mlp_model}[case]
     result = {"steps": []}
     if mode != "ref":
         import vramswap
@@ -101,21 +54,17 @@ def child(mode, case, out, limit):
         if lora and mode == "offload":
             # A model larger than the limit: built first (in ordinary memory), then its frozen
             # weights move into vramswap's blocks one by one as offload_frozen keeps them.
-            model, data = build(torch)
+            model, data, opt, loss_fn = train_kept.build(MODEL[case])
             vramswap.sim.install_cpu(**config)
             for p in model.parameters():
                 if p.requires_grad:
                     p.data = p.data.clone()  # into vramswap's memory
         else:
             vramswap.sim.install_cpu(**config)
-            model, data = build(torch)
+            model, data, opt, loss_fn = train_kept.build(MODEL[case])
     else:
-        model, data = build(torch)
+        model, data, opt, loss_fn = train_kept.build(MODEL[case])
     trainable = [p for p in model.parameters() if p.requires_grad]
-    if lora:
-        opt = torch.optim.SGD(trainable, lr=0.1)
-    else:
-        opt = torch.optim.AdamW(trainable, lr=1e-3)
     if mode == "offload":
         if lora:
             frozen = vramswap.offload_frozen(model)
@@ -130,14 +79,11 @@ def child(mode, case, out, limit):
     losses = []
     try:
         for step in range(STEPS):
-            if lora:
-                if scope:
-                    with scope():
-                        loss = model(*data)
-                else:
-                    loss = model(*data)
+            if scope:
+                with scope():
+                    loss = loss_fn()
             else:
-                loss = torch.nn.functional.mse_loss(model(data[0]), data[1])
+                loss = loss_fn()
             loss.backward()
             if vramswap is not None and step == 0:
                 result["peak_before_first_step"] = vramswap.memory_stats()["peak_reserved_bytes"]
@@ -230,7 +176,47 @@ def main(argv):
                       f"adamw: at the same limit without offload_optimizer the run runs out of memory "
                       f"({plain.get('error', 'it completed')[:120]})")
                 check(s["kept_bytes"] > 0, f"adamw: the optimizer's state is kept ({s['kept_bytes']} B)")
+        if not argv:
+            run_options(check, tmp)
     return check.finish()
+
+
+def run_options(check, tmp):
+    """`vramswap run --offload-frozen` and `--offload-optimizer` on the unmodified script."""
+    script = str(SCRIPT.parent / "scripts" / "train_kept.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMSWAP_") or k in (
+        "VRAMSWAP_LIBRARY", "VRAMSWAP_CUDASIM_DIR", "VRAMSWAP_CACHE_DIR", "VRAMSWAP_TORCH_EXT")}
+    env["PYTHONPATH"] = os.pathsep.join([str(harness.REPO / "plugin" / "python")] +
+                                        ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["VRAMSWAP_TORCH_DEVICE"] = "cpu-sim"
+
+    def launch(name, args, extra=None):
+        out = os.path.join(tmp, name)
+        cmd = [sys.executable] + (["-m", "vramswap", "run"] + args + ["--", "python3"] if args is not None else [])
+        proc = subprocess.run(cmd + [script, out + ".json"] + extra, cwd=tmp, capture_output=True, text=True,
+                              timeout=600, env=dict(env, VRAMSWAP_STATS_FILE=out + ".stats", **(launch.env or {})))
+        if proc.returncode != 0:
+            print(f"{' '.join(cmd)} failed with status {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+            sys.exit(1)
+        with open(out + ".json") as f:
+            results = json.load(f)
+        stats = None
+        if args is not None:
+            with open(out + ".stats") as f:
+                stats = json.load(f)
+        return results, stats
+
+    for model, flag, percent in (("lora", "--offload-frozen", 85), ("mlp", "--offload-optimizer", 75)):
+        launch.env = None
+        ref, _ = launch(f"run-{model}-ref", None, ["--model", model])
+        _, peak = launch(f"run-{model}-peak", ["--no-offload"], ["--model", model])
+        limit = peak["peak_reserved_bytes"] * percent // 100 // MIB * MIB
+        launch.env = {"VRAMSWAP_LIMIT": str(limit)}
+        got, st = launch(f"run-{model}", [flag] + (["--no-offload"] if model == "mlp" else []), ["--model", model])
+        key = "frozen_bytes_d2h" if model == "lora" else "bytes_evicted_total"
+        check(got == ref and st["peak_reserved_bytes"] <= limit and st[key] > 0 and st["num_ooms"] == 0,
+              f"vramswap run {flag} ({model} at {percent}% of its peak): the plain run's results, peak "
+              f"{st['peak_reserved_bytes'] / MIB:.1f} <= {limit / MIB:.0f} MiB, {key}={st[key]}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`python3 -m vramswap run [--no-offload] -- [python] script.py args...`
+"""`python3 -m vramswap run [--no-offload] [--offload-frozen] [--offload-optimizer] -- [python] script.py args...`
 `python3 -m vramswap bench [SCENARIO...|SNAPSHOT...] [--out DIR | --results] [--json] [--quick] [--warmup N]`
 `python3 -m vramswap replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS] [--warmup N]
  [--policy none|offload_all|vramswap] [--until PHASE] [--json]`
@@ -25,6 +25,11 @@ Runs an unmodified torch script under vramswap:
      every forward saves for backward may be evicted, while parameters, gradients and
      optimizer state, made outside any forward, stay untagged (--no-offload: only the
      allocator, e.g. to measure a script's peak without offload);
+  2b. --offload-frozen: the first forward of each outermost module (global forward pre-hook)
+     streams the frozen parameters under it (vramswap.offload_frozen(module), once per module);
+     --offload-optimizer: every optimizer created from then on keeps its state off the device
+     between steps (vramswap.offload_optimizer(optimizer), applied at the end of
+     torch.optim.Optimizer.__init__);
   3. runs the script with runpy as __main__, with sys.argv = [script, args...] and the
      script's directory first on sys.path, as `python3 script.py args...` would. `-m module`
      in place of the script runs a module the same way.
@@ -41,7 +46,8 @@ import re
 import runpy
 import sys
 
-USAGE = """usage: vramswap run [--no-offload] [--] [python] (script.py | -m module) [args...]
+USAGE = """usage: vramswap run [--no-offload] [--offload-frozen] [--offload-optimizer] [--] [python]
+                    (script.py | -m module) [args...]
        vramswap bench [SCENARIO...|SNAPSHOT...|all] [--out DIR | --results] [--json] [--quick]
                       [--warmup N] [--list]
        vramswap replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS]
@@ -51,6 +57,9 @@ USAGE = """usage: vramswap run [--no-offload] [--] [python] (script.py | -m modu
 
 run: runs a torch script with vramswap as torch's allocator and an offload scope around every
 module forward that autograd records. Settings come from the VRAMSWAP_* environment (see README, "Configuration").
+--offload-frozen streams frozen parameters layer by layer (vramswap.offload_frozen on each
+outermost module); --offload-optimizer keeps optimizer state off the device between steps
+(vramswap.offload_optimizer on each optimizer).
 With a CUDA device, vramswap becomes torch's CUDA allocator (vramswap.install());
 VRAMSWAP_TORCH_DEVICE=cpu-sim (or no CUDA device) selects the CPU-emulation mode.
 
@@ -64,16 +73,20 @@ def _usage(status):
 
 
 def _parse(argv):
-    """-> (offload, kind, target, args) with kind 'path' or 'module'; raises ValueError."""
-    offload = True
+    """-> (options, kind, target, args): options {"offload", "frozen", "optimizer"}, kind
+    'path' or 'module'; raises ValueError."""
+    options = {"offload": True, "frozen": False, "optimizer": False}
+    flags = {"--no-offload": ("offload", False), "--offload-frozen": ("frozen", True),
+             "--offload-optimizer": ("optimizer", True)}
     i = 0
     while i < len(argv):
         a = argv[i]
         if a == "--":
             i += 1
             break
-        if a == "--no-offload":
-            offload = False
+        if a in flags:
+            key, value = flags[a]
+            options[key] = value
             i += 1
             continue
         if a.startswith("-") and a != "-m":
@@ -87,8 +100,53 @@ def _parse(argv):
     if rest[0] == "-m":
         if len(rest) < 2:
             raise ValueError("-m needs a module name")
-        return offload, "module", rest[1], rest[2:]
-    return offload, "path", rest[0], rest[1:]
+        return options, "module", rest[1], rest[2:]
+    return options, "path", rest[0], rest[1:]
+
+
+@contextlib.contextmanager
+def _offload_frozen_everywhere(vramswap):
+    """vramswap.offload_frozen(module) at the first forward of each outermost module, once."""
+    import weakref
+    import torch
+    done = weakref.WeakSet()
+    depth = [0]
+    kept = []
+
+    def pre(module, inputs):
+        if depth[0] == 0 and module not in done:
+            done.add(module)
+            if any(not p.requires_grad for p in module.parameters()):
+                kept.append(vramswap.offload_frozen(module))
+        depth[0] += 1
+
+    def post(module, inputs, output):
+        depth[0] = max(depth[0] - 1, 0)
+
+    hooks = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
+             torch.nn.modules.module.register_module_forward_hook(post)]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@contextlib.contextmanager
+def _offload_optimizers(vramswap):
+    """vramswap.offload_optimizer(optimizer) for every optimizer created inside."""
+    import torch
+    init = torch.optim.Optimizer.__init__
+
+    def patched(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        vramswap.offload_optimizer(self)
+
+    torch.optim.Optimizer.__init__ = patched
+    try:
+        yield
+    finally:
+        torch.optim.Optimizer.__init__ = init
 
 
 def _install():
@@ -118,7 +176,7 @@ def _install():
 
 def run(argv):
     try:
-        offload, kind, target, args = _parse(argv)
+        options, kind, target, args = _parse(argv)
     except ValueError as e:
         print(f"vramswap run: {e}", file=sys.stderr)
         return _usage(2)
@@ -133,7 +191,13 @@ def run(argv):
         sys.argv = [target] + args  # runpy replaces argv[0] with the module's file
         sys.path[0] = os.getcwd()
     from . import tracker
-    with (tracker.offload_forwards() if offload else contextlib.nullcontext()):
+    with contextlib.ExitStack() as stack:
+        if options["offload"]:
+            stack.enter_context(tracker.offload_forwards())
+        if options["frozen"]:
+            stack.enter_context(_offload_frozen_everywhere(vramswap))
+        if options["optimizer"]:
+            stack.enter_context(_offload_optimizers(vramswap))
         if kind == "path":
             runpy.run_path(target, run_name="__main__")
         else:

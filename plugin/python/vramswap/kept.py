@@ -81,24 +81,48 @@ class _Kept:
         self.ptr = ptr
 
 
-def _keep(t, frozen):
-    """(tensor, _Kept) for `t` kept by vramswap: t itself when its block is tagged, else a copy
-    in a tagged block; (t, None) when it cannot be kept (too small, not vramswap's, a view)."""
+def _to_host(t):
+    """A copy of contiguous `t` in memory that is not vramswap's, and a function that copies it
+    into a tensor like t. In the CPU-emulation mode a CPU tensor is vramswap's memory, so the
+    copy is a numpy array of its bytes."""
+    if t.device.type != "cpu":
+        host = t.detach().to("cpu", copy=True)
+        return lambda dst: dst.copy_(host)
+    raw = t.detach().reshape(-1).view(torch.uint8).numpy().copy()
+    return lambda dst: dst.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(raw))
+
+
+def _keep(get, frozen, release=None):
+    """(tensor, _Kept) for t = get() kept by vramswap: t itself when its block is tagged, else a
+    copy in a tagged block; (t, None) when it cannot be kept (too small, not vramswap's, a
+    view). `release()`, when given, drops the caller's reference to t before the copy is made
+    (t's bytes wait in host memory meanwhile), so that moving a tensor costs no device memory;
+    the caller holds no other reference (hence `get`: an argument would keep t alive)."""
     lib = _lib.lib()
+    t = get()
     if t.layout != torch.strided or t.numel() == 0 or t._base is not None:
         return t, None
     h = lib.vramswap_keep(t.data_ptr(), int(frozen))
     if h == 0:
+        copy_into = None
+        if release is not None and t.is_contiguous():
+            copy_into = _to_host(t)
+            shape, dtype, device = t.shape, t.dtype, t.device
+            release()
+            del t
         lib.vramswap_scope_push()
         try:
-            moved = torch.empty_like(t)
+            moved = torch.empty(shape, dtype=dtype, device=device) if copy_into else torch.empty_like(t)
         finally:
             lib.vramswap_scope_pop()
+        with torch.no_grad():
+            if copy_into:
+                copy_into(moved)
+            else:
+                moved.copy_(t)
         h = lib.vramswap_keep(moved.data_ptr(), int(frozen))
         if h == 0:
-            return t, None  # not tagged there either: too small
-        with torch.no_grad():
-            moved.copy_(t)
+            return moved, None  # not tagged there either: too small
         t = moved
     _check(lib.vramswap_mark_cold(h, _stream()), "vramswap_mark_cold")
     return t, _Kept(h, t.data_ptr())
@@ -157,12 +181,17 @@ class FrozenOffload:
         self._params = {id(m): params for m, params in self._modules}
 
     def _keep_param(self, p):
-        t, kept = _keep(p.data, frozen=True)
+        empty = torch.empty(0, dtype=p.dtype, device=p.device)
+
+        def release():
+            p.data = empty  # the parameter's old storage goes while its bytes wait on the host
+
+        t, kept = _keep(lambda: p.data, frozen=True, release=release)
+        if t is not p.data:
+            p.data = t
         if kept is None:
             self._kept.pop(id(p), None)
             return
-        if t is not p.data:
-            p.data = t
         self._kept[id(p)] = (p, kept)
 
     def __len__(self):
@@ -293,17 +322,23 @@ class OptimizerOffload:
 
     def _done(self, p, used):
         state = self._state_of(p)
-        for key, t in list(state.items()):
+        for key in list(state):
+            t = state[key]
             if not isinstance(t, torch.Tensor):
                 continue
             kept = self._kept.get((id(p), key))
             if (kept is not None and t.data_ptr() == kept.ptr) or (id(p), key, t.data_ptr()) in self._untagged:
                 continue
-            moved, kept = _keep(t, frozen=False)  # new state (the first step), or replaced
-            if kept is None:
-                self._untagged.add((id(p), key, t.data_ptr()))  # too small: not tried again
-                continue
+
+            def release():
+                state[key] = None  # the state's old storage goes while its bytes wait on the host
+
+            del t
+            moved, kept = _keep(lambda: state[key], frozen=False, release=release)  # new state, or replaced
             state[key] = moved
+            if kept is None:
+                self._untagged.add((id(p), key, moved.data_ptr()))  # too small: not tried again
+                continue
             self._kept[(id(p), key)] = kept
         for kept in used:
             _cold(kept)

@@ -1,0 +1,106 @@
+#!/usr/bin/python3
+"""A plain torch training script (no vramswap in it), for the kept-block tests
+(tests/python/test_kept_blocks.py): the models there, trained three steps with a fixed seed.
+
+  lora              a frozen embedding, six frozen 1024x1024 layers each with a trainable
+                    rank-16 adapter, a frozen head; SGD on the adapters
+  lora_checkpoint   the same, layers 2 and 3 under torch.utils.checkpoint (non-reentrant)
+  mlp               four 1024x1024 layers trained with AdamW: its first optimizer step holds
+                    the parameters, their gradients and AdamW's two states at once
+
+Usage: python3 train_kept.py OUT [--model lora|lora_checkpoint|mlp]
+Writes to OUT (JSON): each step's loss and a sha256 of the trained parameters after training.
+"""
+import argparse
+import hashlib
+import json
+
+import torch
+
+STEPS = 3
+
+
+def lora_model(checkpointed=False):
+    nn = torch.nn
+
+    class Adapted(nn.Module):
+        def __init__(self, d, r):
+            super().__init__()
+            self.base = nn.Linear(d, d)
+            self.a = nn.Linear(d, r, bias=False)
+            self.b = nn.Linear(r, d, bias=False)
+
+        def forward(self, x):
+            return self.base(x) + self.b(self.a(x))
+
+    class LoRA(nn.Module):
+        def __init__(self, d=1024, r=16, layers=6, vocab=512):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d)
+            self.layers = nn.ModuleList(Adapted(d, r) for _ in range(layers))
+            self.head = nn.Linear(d, vocab)
+
+        def forward(self, tokens, targets):
+            x = self.embed(tokens)
+            for i, layer in enumerate(self.layers):
+                if checkpointed and i in (2, 3):
+                    from torch.utils.checkpoint import checkpoint
+                    x = torch.tanh(checkpoint(layer, x, use_reentrant=False))
+                else:
+                    x = torch.tanh(layer(x))
+            return nn.functional.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+    torch.manual_seed(0)
+    model = LoRA()
+    for name, p in model.named_parameters():
+        p.requires_grad = name.endswith(".a.weight") or name.endswith(".b.weight")
+    tokens = torch.randint(0, 512, (4, 32))
+    targets = torch.randint(0, 512, (4, 32))
+    return model, (tokens, targets)
+
+
+def mlp_model():
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                          nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024))
+    x = torch.randn(16, 1024)
+    y = torch.randn(16, 1024)
+    return model, (x, y)
+
+
+def build(name):
+    """-> (model, data, optimizer, loss_fn) for a model of the docstring."""
+    if name == "mlp":
+        model, data = mlp_model()
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        return model, data, opt, lambda: torch.nn.functional.mse_loss(model(data[0]), data[1])
+    model, data = lora_model(name == "lora_checkpoint")
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    return model, data, opt, lambda: model(*data)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--model", default="lora", choices=("lora", "lora_checkpoint", "mlp"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model, _, opt, loss_fn = build(args.model)
+    losses = []
+    for _ in range(STEPS):
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        if p.requires_grad:
+            digest.update(p.detach().numpy().tobytes())
+    with open(args.out, "w") as f:
+        json.dump({"losses": losses, "trained": digest.hexdigest()}, f)
+
+
+if __name__ == "__main__":
+    main()
