@@ -168,6 +168,7 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
       forget_host_copy(s);
       break;
     case Residency::kEvicted:
+      if (s.reading) finish_read(slot, true);  // its buffer is the read's until it is done
       if (s.on_disk()) forget_disk_copy(s);
       else host_.free(s.host);
       st_.evicted_bytes -= s.placed;

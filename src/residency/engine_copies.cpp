@@ -67,7 +67,8 @@ void* Engine::Impl::host_allocate(uint64_t bytes, uint32_t except, std::string* 
     uint32_t victim = policy::kNoSlot;
     order_.each_furthest_first([&](uint32_t slot) {
       const Slot& s = slots_[slot];
-      if (slot == except || !s.live || s.residency != Residency::kEvicted || s.on_disk()) return true;
+      if (slot == except || !s.live || s.residency != Residency::kEvicted || s.on_disk() || s.fetch_pending)
+        return true;
       victim = slot;
       return false;
     });
@@ -104,6 +105,10 @@ bool Engine::Impl::spill(uint32_t slot, std::string* error) {
 
 Status Engine::Impl::unspill(uint32_t slot) {
   Slot& s = slots_[slot];
+  if (s.reading) {
+    finish_read(slot, true);
+    if (!s.on_disk()) return {};
+  }
   std::string error;
   void* host = host_allocate(s.requested, slot, &error);
   if (host == nullptr)
@@ -122,6 +127,49 @@ Status Engine::Impl::unspill(uint32_t slot) {
   return {};
 }
 
+// Note [Reading ahead from the disk]
+// ----------------------------------
+// A block on the disk needed now is read back waiting (unspill). One the window or the
+// fetch ahead asks for is only started: its pinned buffer is allocated (which may send
+// blocks needed later to the disk), a read is queued on the disk tier's threads, and the
+// call returns. The block stays evicted and on the disk, `reading` set, until a later call
+// finds the read done (complete_copies polls, as it does for copies): then it is an evicted
+// block with its host copy, and the next prefetch maps it and starts its copy to the device.
+// An unpack or a free of it meanwhile waits for the read first. So the disk's latency
+// overlaps the compute before the block's turn, where before every read waited under the
+// engine's lock. A failed read leaves the block on the disk (its extent is kept), logged;
+// the next fetch tries again.
+bool Engine::Impl::start_read(uint32_t slot, std::string* error) {
+  Slot& s = slots_[slot];
+  if (s.reading) return true;
+  void* host = host_allocate(s.requested, slot, error);
+  if (host == nullptr) return false;
+  reading_.push_back(slot);  // before the read: a failure of push_back leaves nothing queued
+  s.host = host;
+  s.reading = disk_->read(s.disk, host, s.requested);
+  debug("read back from the disk tier started (ahead of use)", s);
+  return true;
+}
+
+void Engine::Impl::finish_read(uint32_t slot, bool wait) {
+  Slot& s = slots_[slot];
+  if (!wait && !s.reading->done()) return;
+  const std::string failed = disk_->wait(s.reading);
+  s.reading.reset();
+  std::erase(reading_, slot);
+  if (!failed.empty()) {
+    host_.free(s.host);
+    s.host = nullptr;
+    stats::log(stats::LogLevel::kWarn, "device %d: reading block %s back from the disk tier failed: %s (it stays "
+               "there; the next fetch tries again)", device_, format_hex(s.addr).c_str(), failed.c_str());
+    return;
+  }
+  forget_disk_copy(s);
+  st_.disk_bytes_read += s.requested;
+  st_.disk_bytes_read_ahead += s.requested;
+  debug("read back from the disk tier (ahead of use)", s);
+}
+
 void Engine::Impl::forget_disk_copy(Slot& s) {
   std::string error;
   if (!disk_->release(s.disk, &error))
@@ -133,9 +181,25 @@ void Engine::Impl::forget_disk_copy(Slot& s) {
 Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream) {
   Slot& s = slots_[slot];
   if (s.on_disk()) {
-    // Disk -> pinned memory first, waiting (Note [The disk tier]); then as any evicted block.
+    if (kind != Fetch::kNeeded) {
+      // Ahead of use: the read starts, and the copy to the device waits for a later call
+      // (Note [Reading ahead from the disk]).
+      std::string error;
+      if (!start_read(slot, &error))
+        return {false, "cannot read block " + format_hex(s.addr) + " back from the disk tier ahead of use: " + error};
+      return {};
+    }
+    // Needed now: disk -> pinned memory first, waiting (Note [The disk tier]); then as any
+    // evicted block.
     if (Status r = unspill(slot); !r.ok) return r;
   }
+  // Making room below may evict other blocks, whose host buffers may send copies to the disk:
+  // never this one's.
+  s.fetch_pending = true;
+  struct Unpend {
+    Slot& s;
+    ~Unpend() { s.fetch_pending = false; }
+  } unpend{s};
   using MapWait = pool::DevicePool::MapWait;
   void* const addr = reinterpret_cast<void*>(s.addr);
   pool::Result mapped;
@@ -338,6 +402,7 @@ void Engine::Impl::finish(uint32_t slot) {
 
 void Engine::Impl::complete_copies(bool wait) {
   drop_deferred(wait);
+  for (size_t i = reading_.size(); i-- > 0;) finish_read(reading_[i], wait);
   for (size_t i = 0; i < in_flight_.size();) {
     const uint32_t slot = in_flight_[i];
     Slot& s = slots_[slot];

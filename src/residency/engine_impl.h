@@ -18,7 +18,8 @@
 //   * a slot is live iff its block is a live tagged block of the pool; by_addr_ maps the
 //     block's address to it;
 //   * residency kClean / kEvicted / kFetching <=> the block has a host copy (host !=
-//     nullptr); kEvicted <=> it has no pages; kEvicting <=> a D2H copy into `host` is in
+//     nullptr), except an evicted block on the disk (disk != kNoDisk), whose host buffer
+//     exists only while it is read back ahead of use (`reading`); kEvicted <=> it has no pages; kEvicting <=> a D2H copy into `host` is in
 //     flight; kClean: the copy landed and the pages are still mapped (both copies valid);
 //   * a block is in order_ iff packs > 0 or it is kept, under `key`: the earliest of its
 //     packs' keys and, kept, its next use (Note [Kept blocks] in engine.h);
@@ -80,6 +81,12 @@ struct Slot {
   uint64_t disk = kNoDisk;                 // evicted and moved on to the disk tier: its extent
                                            // (its host buffer is gone); else kNoDisk
   bool on_disk() const { return disk != kNoDisk; }
+  // On the disk, and being read back ahead of use into `host`, a pinned buffer of its own
+  // (Note [Reading ahead from the disk] in engine_copies.cpp); null otherwise.
+  DiskTier::JobRef reading;
+  // start_fetch is bringing it back: its host copy must not move on to the disk meanwhile
+  // (making room for it may evict others, and their host buffers may push copies out).
+  bool fetch_pending = false;
   // Note [Kept blocks] (engine.h): kept until unkeep or free; `next_use` is where its next use
   // is predicted; `frozen`: its host copy stays valid once made; `fresh_copy`: that copy was
   // made after its last use (a drop then was paid for by a copy); `use_stream`: where it was
@@ -270,8 +277,15 @@ class Engine::Impl : private policy::ReactiveEngine {
   // Moves an evicted block's host copy to the disk tier (written, then the host buffer
   // freed). False with *error set when the disk cannot take it (nothing changed).
   bool spill(uint32_t slot, std::string* error);
-  // Brings a block on the disk tier back into pinned memory (an evicted block again).
+  // Brings a block on the disk tier back into pinned memory (an evicted block again),
+  // waiting: for its read ahead when one is under way, else for a read started now.
   Status unspill(uint32_t slot);
+  // Starts reading a block on the disk tier back into pinned memory without waiting (Note
+  // [Reading ahead from the disk]). False with *error set when there is no pinned memory.
+  bool start_read(uint32_t slot, std::string* error);
+  // A read ahead finished (waiting for it with `wait`): the block is an evicted block with
+  // its host copy, or, when the read failed, on the disk as before.
+  void finish_read(uint32_t slot, bool wait);
   // Gives a block's disk extent back (it was freed while on disk).
   void forget_disk_copy(Slot& s);
   // How a fetch finds memory. kNeeded (a fault, a release): evicts others, waiting, when
@@ -365,6 +379,7 @@ class Engine::Impl : private policy::ReactiveEngine {
   mutable std::mutex tagged_mu_;
   std::set<uintptr_t> tagged_;
   std::vector<uint32_t> in_flight_;
+  std::vector<uint32_t> reading_;  // slots with a read ahead from the disk under way
   std::vector<Deferred> deferred_;
   // Why the last eviction could not get pinned memory (the out-of-memory report says it).
   std::string host_refusal_;

@@ -88,6 +88,65 @@ TEST_F(DiskSpill, AFreedBlockOnDiskGivesItsSpaceBack) {
   EXPECT_EQ("", engine_->check_invariants());
 }
 
+// Note [Reading ahead from the disk]: the window's blocks on the disk are read back by the
+// tier's threads while backward goes on; only a block needed before its read is done waits.
+TEST_F(DiskSpill, TheWindowReadsBlocksOnTheDiskAheadOfUse) {
+  TempDir dir("vramswap-spill-test");
+  EngineOptions options;
+  options.horizon = 2;
+  options.host_limit_bytes = 8 * kMiB;
+  options.disk_dir = dir.path();
+  start(16 * kMiB, options);
+  engine_->graph_begin();
+  Saved saved = save_cold(8, 90);
+  ASSERT_GT(stats().disk_bytes, 0u);
+  for (size_t i = saved.blocks.size(); i-- > 0;) {
+    const auto unpacked = engine_->unpack(saved.handles[i], stream_);
+    ASSERT_TRUE(unpacked.ok) << i << ": " << unpacked.message;
+    EXPECT_TRUE(holds(saved.blocks[i], uint8_t(90 + i))) << "block " << i;
+    EXPECT_EQ("", engine_->check_invariants()) << i;
+    ASSERT_TRUE(engine_->release(saved.handles[i]).ok) << i;
+    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
+  }
+  const EngineStats s = stats();
+  EXPECT_GT(s.disk_bytes_read_ahead, 0u) << "the window's reads did not wait for their turn";
+  EXPECT_LE(s.disk_bytes_read_ahead, s.disk_bytes_read);
+  EXPECT_EQ(s.disk_bytes_written, s.disk_bytes_read) << "everything on the disk came back once";
+  EXPECT_EQ(0u, s.disk_bytes);
+  EXPECT_EQ(0u, s.host_bytes) << "every staging buffer went back";
+}
+
+// Also: making room for a block read back from the disk evicted others, and their host
+// buffers sent that block's own host copy back to the disk under the fetch (its copy to the
+// device then read a null buffer).
+TEST_F(DiskSpill, ABlockFreedOrUnpackedWhileItsReadAheadRunsWaitsForIt) {
+  TempDir dir("vramswap-spill-test");
+  EngineOptions options;
+  options.horizon = 0;
+  options.host_limit_bytes = 8 * kMiB;  // room to evict one more while one is fetched
+  options.disk_dir = dir.path();
+  start(8 * kMiB, options);
+  engine_->graph_begin();
+  Saved saved = save_cold(6, 60);  // two on the device, two on the host, the first two on the disk
+  ASSERT_GE(stats().disk_bytes, 2 * kBlock);
+  ASSERT_TRUE(engine_->prefetch(saved.handles[0]).ok);  // a hint: its read starts, nothing waits
+  ASSERT_TRUE(engine_->free_tagged(saved.blocks[0], stream_).ok);
+  EXPECT_EQ("", engine_->check_invariants());
+  ASSERT_TRUE(engine_->prefetch(saved.handles[1]).ok);
+  const auto unpacked = engine_->unpack(saved.handles[1], stream_);
+  ASSERT_TRUE(unpacked.ok) << unpacked.message;
+  EXPECT_TRUE(holds(saved.blocks[1], 61));
+  ASSERT_TRUE(engine_->release(saved.handles[1]).ok);
+  ASSERT_TRUE(engine_->free_tagged(saved.blocks[1], stream_).ok);
+  for (size_t i = 2; i < saved.blocks.size(); ++i) {
+    ASSERT_TRUE(engine_->release(saved.handles[i]).ok);
+    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok);
+  }
+  EXPECT_EQ(0u, stats().disk_bytes);
+  EXPECT_EQ(0u, stats().host_bytes);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
 TEST_F(DiskSpill, AnUnusableDirectoryLeavesTheEngineWithoutADiskAndSaysWhy) {
   EngineOptions options;
   options.horizon = 0;
