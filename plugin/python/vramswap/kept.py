@@ -39,10 +39,11 @@ frozen weight itself for backward.
 Note [Optimizer state]
 ----------------------
 offload_optimizer(optimizer) replaces the optimizer's step() (an instance attribute, so a
-learning-rate scheduler that wraps it keeps working) by one that runs the original step one
-parameter at a time: the parameter's state is used (fetched, the next parameters' state
-prefetched), the original step runs with every parameter group holding only that parameter,
-and the state is marked cold again. State created by that step (the first one) is kept right
+learning-rate scheduler that wraps it keeps working) by one that runs the original step on
+a few parameters at a time (consecutive ones of a group whose bytes stay within 1/32 of the
+device's limit, at least one): their state is used (fetched, the next parameters' state
+prefetched), the original step runs with every parameter group holding only those
+parameters, and the state is marked cold again. State created by that step (the first one) is kept right
 after it. So only a window of the state is on the device at once, and the state of the
 whole model leaves between steps when memory is short; the math is the original step's,
 element for element. It suits optimizers whose step treats each parameter on its own (SGD,
@@ -343,6 +344,32 @@ class OptimizerOffload:
         for kept in used:
             _cold(kept)
 
+    def _chunks(self, params):
+        """Consecutive parameters stepped together: as many as keep the chunk's parameter
+        bytes within 1/32 of the device's limit (AdamW's state is twice that), at least
+        one. Each call of the original step() costs Python time: AdamW on torch 1.13 (CPU,
+        one thread, 100 parameters of 16 floats) took 44 us a parameter called one at a time
+        against 23 us in one call. On a card with room to spare a model's whole state fits
+        in one chunk."""
+        from . import memory_stats
+        chunks, chunk, size = [], [], 0
+        budget = None
+        for p in params:
+            if p.grad is None:
+                continue
+            if budget is None:
+                stats = memory_stats(p.device if p.device.type == "cuda" else None)
+                budget = max(stats.get("device_limit_bytes", 0) // 32, 1)
+            nbytes = p.numel() * p.element_size()
+            if chunk and size + nbytes > budget:
+                chunks.append(chunk)
+                chunk, size = [], 0
+            chunk.append(p)
+            size += nbytes
+        if chunk:
+            chunks.append(chunk)
+        return chunks
+
     def step(self, closure=None):
         loss = None
         if closure is not None:
@@ -352,14 +379,13 @@ class OptimizerOffload:
         params = [g["params"] for g in groups]
         try:
             for i, group_params in enumerate(params):
-                for p in group_params:
-                    if p.grad is None:
-                        continue
-                    used = self._use(p)
+                for chunk in self._chunks(group_params):
+                    used = {id(p): self._use(p) for p in chunk}
                     for j, g in enumerate(groups):
-                        g["params"] = [p] if j == i else []
+                        g["params"] = chunk if j == i else []
                     self._step()
-                    self._done(p, used)
+                    for p in chunk:
+                        self._done(p, used[id(p)])
         finally:
             for g, ps in zip(groups, params):
                 g["params"] = ps
