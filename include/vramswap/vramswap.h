@@ -182,6 +182,7 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * copied out), disk_bytes (evicted blocks on the disk tier now, VRAMSWAP_DISK_DIR),
  * disk_bytes_written (moved from pinned memory to it), disk_bytes_read (brought back),
  * disk_bytes_read_ahead (of those, read back ahead of use, while compute ran),
+ * disk_bytes_written_ahead (of disk_bytes_written, written ahead of need, while compute ran),
  * kept_bytes (live kept blocks, vramswap_keep), frozen_bytes_d2h (bytes frozen kept blocks
  * copied out: each at most once), frozen_bytes_dropped (bytes of frozen kept blocks given up
  * with no copy, their host copy made earlier). These
@@ -195,7 +196,7 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * host_vmm_released_bytes (what the VMM calls did: bytes given pages by cuMemMap, taken
  * them by cuMemUnmap, bytes of pages created by cuMemCreate and released by cuMemRelease),
  * all process-wide, then "devices": an array with one object per
- * device that has a pool ({"device": ordinal, the same 40 keys, num_free_blocks,
+ * device that has a pool ({"device": ordinal, the same 41 keys, num_free_blocks,
  * va_reserved_bytes}). Thread-safe; a reading taken during allocations on other threads
  * is consistent per device, not across devices. */
 size_t vramswap_stats_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;

@@ -85,6 +85,7 @@ void Engine::Impl::background(const char* after) {
   try {
     complete_copies(false);
     reactive().soft_evict(options_.soft_limit_bytes);
+    write_ahead();
   } catch (const std::exception& e) {
     // Background work only: the call that triggered it succeeded. Every step is undone on
     // failure (the blocks concerned stay where they were), so nothing is lost.
@@ -169,6 +170,7 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
       break;
     case Residency::kEvicted:
       if (s.reading) finish_read(slot, true);  // its buffer is the read's until it is done
+      if (s.writing) finish_write(slot, true, true);
       if (s.on_disk()) forget_disk_copy(s);
       else host_.free(s.host);
       st_.evicted_bytes -= s.placed;

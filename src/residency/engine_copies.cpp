@@ -62,12 +62,20 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
 
 void* Engine::Impl::host_allocate(uint64_t bytes, uint32_t except, std::string* error) {
   void* host = host_.allocate(bytes, error);
+  // Writes ahead under way free their buffers when done: wait for them, oldest first, before
+  // sending more blocks to the disk.
+  while (host == nullptr && !writing_.empty()) {
+    finish_write(writing_.front(), true);
+    error->clear();
+    host = host_.allocate(bytes, error);
+  }
   while (host == nullptr && disk_) {
     // The pinned tier is full: the evicted block needed furthest away moves on to the disk.
     uint32_t victim = policy::kNoSlot;
     order_.each_furthest_first([&](uint32_t slot) {
       const Slot& s = slots_[slot];
-      if (slot == except || !s.live || s.residency != Residency::kEvicted || s.on_disk() || s.fetch_pending)
+      if (slot == except || !s.live || s.residency != Residency::kEvicted || s.on_disk() || s.fetch_pending ||
+          s.writing)
         return true;
       victim = slot;
       return false;
@@ -170,6 +178,88 @@ void Engine::Impl::finish_read(uint32_t slot, bool wait) {
   debug("read back from the disk tier (ahead of use)", s);
 }
 
+// Note [Writing ahead to the disk]
+// ---------------------------------
+// Sending a block to the disk when an eviction finds the pinned tier full makes that
+// eviction (and the allocation waiting for it) wait for the write. So, in the background
+// work after a tagged allocation or a cold mark, while the pinned tier has less than a
+// quarter of its limit free (counting what the writes under way will free) and less than
+// the cold blocks on the device would need, the evicted blocks needed furthest away
+// (outside the prefetch window) start their writes to the disk on the tier's threads, until
+// that much is free. A block being written is still an evicted block with its host
+// copy: a fetch or a free of it waits for the write, gives the extent back and keeps the
+// host copy; a completed write (found by complete_copies' polling) frees the host buffer
+// and leaves the block on the disk. An eviction that finds the tier full waits for the
+// writes under way, oldest first, before it sends more blocks to the disk itself.
+// The cost: a write ahead is a guess that evictions will come. When none does (the forward
+// ended with cold blocks still on the device), the block went to the disk for nothing and is
+// read back ahead of use like any other: DiskSpill.BlocksPastAFullHostTierGoToDiskAndComeBackWhole
+// writes 12 MiB where waiting for each need wrote 8, in exchange for evictions that never
+// wait for the disk.
+void Engine::Impl::write_ahead() {
+  if (!disk_) return;
+  const uint64_t limit = host_.limit_bytes();
+  const uint64_t used = host_.used_bytes() - std::min(host_.used_bytes(), writing_bytes_);
+  const uint64_t free = limit - std::min(limit, used);
+  if (free >= limit / 4) return;
+  // Room is wanted only for the evictions that can come: the cold blocks on the device.
+  const policy::Window window = policy::window_of(order_, options_.horizon);
+  uint64_t evictable = 0;
+  order_.each_furthest_first([&](uint32_t slot) {
+    if (policy::evictable(view(slot), window.count(slot))) evictable += slots_[slot].requested;
+    return true;
+  });
+  const uint64_t wanted = std::min(evictable, limit / 4);
+  if (free >= wanted) return;
+  std::vector<uint32_t> victims;
+  uint64_t planned = 0;
+  order_.each_furthest_first([&](uint32_t slot) {
+    if (free + planned >= wanted) return false;
+    const Slot& s = slots_[slot];
+    if (!s.live || s.residency != Residency::kEvicted || s.on_disk() || s.writing || s.fetch_pending ||
+        window.count(slot))
+      return true;
+    victims.push_back(slot);
+    planned += s.requested;
+    return true;
+  });
+  for (uint32_t slot : victims) {
+    Slot& s = slots_[slot];
+    std::string error;
+    const std::optional<uint64_t> offset = disk_->reserve(s.requested, &error);
+    if (!offset) return;  // the disk is full: evictions will say so when it matters
+    writing_.push_back(slot);
+    s.write_offset = *offset;
+    s.writing = disk_->write(*offset, s.host, s.requested);
+    writing_bytes_ += s.requested;
+    debug("write to the disk tier started (ahead of need)", s);
+  }
+}
+
+void Engine::Impl::finish_write(uint32_t slot, bool wait, bool keep_host) {
+  Slot& s = slots_[slot];
+  if (!wait && !s.writing->done()) return;
+  const std::string failed = disk_->wait(s.writing);
+  s.writing.reset();
+  std::erase(writing_, slot);
+  writing_bytes_ -= s.requested;
+  if (!failed.empty() || keep_host) {
+    std::string ignored;
+    disk_->release(s.write_offset, &ignored);
+    if (!failed.empty())
+      stats::log(stats::LogLevel::kWarn, "device %d: writing block %s to the disk tier failed: %s (it stays in "
+                 "pinned memory)", device_, format_hex(s.addr).c_str(), failed.c_str());
+    return;
+  }
+  host_.free(s.host);
+  s.host = nullptr;
+  s.disk = s.write_offset;
+  st_.disk_bytes += s.requested;
+  st_.disk_bytes_written += s.requested;
+  st_.disk_bytes_written_ahead += s.requested;
+  debug("moved on to the disk tier (written ahead of need)", s);
+}
+
 void Engine::Impl::forget_disk_copy(Slot& s) {
   std::string error;
   if (!disk_->release(s.disk, &error))
@@ -180,6 +270,7 @@ void Engine::Impl::forget_disk_copy(Slot& s) {
 
 Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream) {
   Slot& s = slots_[slot];
+  if (s.writing) finish_write(slot, true, true);  // its host copy is what comes back
   if (s.on_disk()) {
     if (kind != Fetch::kNeeded) {
       // Ahead of use: the read starts, and the copy to the device waits for a later call
@@ -403,6 +494,7 @@ void Engine::Impl::finish(uint32_t slot) {
 void Engine::Impl::complete_copies(bool wait) {
   drop_deferred(wait);
   for (size_t i = reading_.size(); i-- > 0;) finish_read(reading_[i], wait);
+  for (size_t i = writing_.size(); i-- > 0;) finish_write(writing_[i], wait);
   for (size_t i = 0; i < in_flight_.size();) {
     const uint32_t slot = in_flight_[i];
     Slot& s = slots_[slot];

@@ -19,7 +19,9 @@
 //     block's address to it;
 //   * residency kClean / kEvicted / kFetching <=> the block has a host copy (host !=
 //     nullptr), except an evicted block on the disk (disk != kNoDisk), whose host buffer
-//     exists only while it is read back ahead of use (`reading`); kEvicted <=> it has no pages; kEvicting <=> a D2H copy into `host` is in
+//     exists only while it is read back ahead of use (`reading`); a block being written to
+//     the disk ahead of need (`writing`) is evicted, with its host copy, not on the disk yet;
+//     kEvicted <=> it has no pages; kEvicting <=> a D2H copy into `host` is in
 //     flight; kClean: the copy landed and the pages are still mapped (both copies valid);
 //   * a block is in order_ iff packs > 0 or it is kept, under `key`: the earliest of its
 //     packs' keys and, kept, its next use (Note [Kept blocks] in engine.h);
@@ -84,6 +86,10 @@ struct Slot {
   // On the disk, and being read back ahead of use into `host`, a pinned buffer of its own
   // (Note [Reading ahead from the disk] in engine_copies.cpp); null otherwise.
   DiskTier::JobRef reading;
+  // Evicted with its host copy, which is being written to the disk ahead of need (Note
+  // [Writing ahead to the disk]) into the extent at `write_offset`; null otherwise.
+  DiskTier::JobRef writing;
+  uint64_t write_offset = 0;
   // start_fetch is bringing it back: its host copy must not move on to the disk meanwhile
   // (making room for it may evict others, and their host buffers may push copies out).
   bool fetch_pending = false;
@@ -286,6 +292,15 @@ class Engine::Impl : private policy::ReactiveEngine {
   // A read ahead finished (waiting for it with `wait`): the block is an evicted block with
   // its host copy, or, when the read failed, on the disk as before.
   void finish_read(uint32_t slot, bool wait);
+  // Note [Writing ahead to the disk]: starts writing the evicted blocks needed furthest away
+  // while the pinned tier has less than a quarter of its limit free (and less than the cold
+  // blocks on the device would need), counting what the writes under way will free.
+  // Background work: never waits.
+  void write_ahead();
+  // A write ahead finished (waiting for it with `wait`): the block is on the disk and its
+  // host buffer freed; a failed write leaves it as it was. `keep_host`: the block is needed
+  // now (a fetch, a free): its host copy stays and the extent is given back.
+  void finish_write(uint32_t slot, bool wait, bool keep_host = false);
   // Gives a block's disk extent back (it was freed while on disk).
   void forget_disk_copy(Slot& s);
   // How a fetch finds memory. kNeeded (a fault, a release): evicts others, waiting, when
@@ -380,6 +395,8 @@ class Engine::Impl : private policy::ReactiveEngine {
   std::set<uintptr_t> tagged_;
   std::vector<uint32_t> in_flight_;
   std::vector<uint32_t> reading_;  // slots with a read ahead from the disk under way
+  std::vector<uint32_t> writing_;  // slots with a write ahead to the disk under way
+  uint64_t writing_bytes_ = 0;     // their host bytes
   std::vector<Deferred> deferred_;
   // Why the last eviction could not get pinned memory (the out-of-memory report says it).
   std::string host_refusal_;

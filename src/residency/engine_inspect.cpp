@@ -53,6 +53,9 @@ std::string Engine::Impl::check_invariants() {
     const bool host = s.residency != Residency::kResident && (!s.on_disk() || s.reading);
     expect(!s.reading || (s.on_disk() && std::count(reading_.begin(), reading_.end(), slot) == 1),
            block + " is read back from a disk it is not on, or nobody watches the read");
+    expect(!s.writing || (s.residency == Residency::kEvicted && s.host && !s.on_disk() &&
+                          std::count(writing_.begin(), writing_.end(), slot) == 1),
+           block + " is written to the disk but not an evicted block with its host copy, or nobody watches the write");
     expect((s.host != nullptr) == host, block + (host ? " has no host buffer" : " holds a host buffer it does not need"));
     expect(!s.on_disk() || (s.residency == Residency::kEvicted && disk_), block + " is on the disk but not evicted");
     if (s.on_disk()) sum.disk_bytes += s.requested;

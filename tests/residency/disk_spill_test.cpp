@@ -40,7 +40,7 @@ TEST_F(DiskSpill, BlocksPastAFullHostTierGoToDiskAndComeBackWhole) {
     EXPECT_EQ("", engine_->check_invariants()) << i;
   }
   const EngineStats after = stats();
-  EXPECT_EQ(mid.disk_bytes_written, after.disk_bytes_read) << "what went to the disk came back";
+  EXPECT_EQ(after.disk_bytes_written, after.disk_bytes_read) << "what went to the disk came back";
   EXPECT_EQ(0u, after.disk_bytes) << "every extent given back";
   EXPECT_EQ("", engine_->check_invariants());
 }
@@ -114,6 +114,53 @@ TEST_F(DiskSpill, TheWindowReadsBlocksOnTheDiskAheadOfUse) {
   EXPECT_EQ(s.disk_bytes_written, s.disk_bytes_read) << "everything on the disk came back once";
   EXPECT_EQ(0u, s.disk_bytes);
   EXPECT_EQ(0u, s.host_bytes) << "every staging buffer went back";
+}
+
+// Note [Writing ahead to the disk]: with the pinned tier nearly full, the blocks needed
+// furthest away go to the disk in the background, so that evictions find pinned room.
+TEST_F(DiskSpill, BlocksNeededLastAreWrittenToTheDiskAheadOfNeed) {
+  TempDir dir("vramswap-spill-test");
+  EngineOptions options;
+  options.horizon = 1;
+  options.host_limit_bytes = 16 * kMiB;
+  options.disk_dir = dir.path();
+  start(8 * kMiB, options);
+  engine_->graph_begin();
+  Saved saved = save_cold(10, 30);
+  const EngineStats mid = stats();
+  EXPECT_GT(mid.disk_bytes_written_ahead, 0u) << "no write waited for its turn";
+  EXPECT_LE(mid.disk_bytes_written_ahead, mid.disk_bytes_written);
+  EXPECT_EQ("", engine_->check_invariants());
+  // A block whose write may still run is fetched: its host copy comes back.
+  for (size_t i = saved.blocks.size(); i-- > 0;) {
+    const auto unpacked = engine_->unpack(saved.handles[i], stream_);
+    ASSERT_TRUE(unpacked.ok) << i << ": " << unpacked.message;
+    EXPECT_TRUE(holds(saved.blocks[i], uint8_t(30 + i))) << "block " << i;
+    EXPECT_EQ("", engine_->check_invariants()) << i;
+    ASSERT_TRUE(engine_->release(saved.handles[i]).ok) << i;
+    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
+  }
+  const EngineStats s = stats();
+  EXPECT_EQ(0u, s.disk_bytes);
+  EXPECT_EQ(0u, s.host_bytes);
+  EXPECT_EQ(s.disk_bytes_written, s.disk_bytes_read) << "what went to the disk came back once";
+}
+
+TEST_F(DiskSpill, BlocksFreedWhileTheirWritesAheadMayRunGiveEverythingBack) {
+  TempDir dir("vramswap-spill-test");
+  EngineOptions options;
+  options.horizon = 0;
+  options.host_limit_bytes = 16 * kMiB;
+  options.disk_dir = dir.path();
+  start(8 * kMiB, options);
+  engine_->graph_begin();
+  Saved saved = save_cold(8, 1);
+  for (size_t i = 0; i < saved.blocks.size(); ++i) {  // the first ones, furthest away, first
+    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
+    EXPECT_EQ("", engine_->check_invariants()) << i;
+  }
+  EXPECT_EQ(0u, stats().disk_bytes);
+  EXPECT_EQ(0u, stats().host_bytes);
 }
 
 // Also: making room for a block read back from the disk evicted others, and their host
