@@ -163,9 +163,6 @@ TEST_F(DiskSpill, BlocksFreedWhileTheirWritesAheadMayRunGiveEverythingBack) {
   EXPECT_EQ(0u, stats().host_bytes);
 }
 
-// Also: making room for a block read back from the disk evicted others, and their host
-// buffers sent that block's own host copy back to the disk under the fetch (its copy to the
-// device then read a null buffer).
 TEST_F(DiskSpill, ABlockFreedOrUnpackedWhileItsReadAheadRunsWaitsForIt) {
   TempDir dir("vramswap-spill-test");
   EngineOptions options;
@@ -176,21 +173,56 @@ TEST_F(DiskSpill, ABlockFreedOrUnpackedWhileItsReadAheadRunsWaitsForIt) {
   engine_->graph_begin();
   Saved saved = save_cold(6, 60);  // two on the device, two on the host, the first two on the disk
   ASSERT_GE(stats().disk_bytes, 2 * kBlock);
-  ASSERT_TRUE(engine_->prefetch(saved.handles[0]).ok);  // a hint: its read starts, nothing waits
+  // A hint reads a block ahead only into device room it can have now: none yet.
+  EXPECT_FALSE(engine_->prefetch(saved.handles[0]).ok);
+  EXPECT_EQ(0u, stats().disk_bytes_read) << "no room on the device, nothing read";
+  auto done_with = [&](size_t i) {
+    ASSERT_TRUE(engine_->release(saved.handles[i]).ok) << i;
+    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
+  };
+  done_with(5);
+  ASSERT_TRUE(engine_->prefetch(saved.handles[0]).ok);  // its pages, then its read: nothing waits
   ASSERT_TRUE(engine_->free_tagged(saved.blocks[0], stream_).ok);
   EXPECT_EQ("", engine_->check_invariants());
+  done_with(4);
   ASSERT_TRUE(engine_->prefetch(saved.handles[1]).ok);
   const auto unpacked = engine_->unpack(saved.handles[1], stream_);
   ASSERT_TRUE(unpacked.ok) << unpacked.message;
   EXPECT_TRUE(holds(saved.blocks[1], 61));
+  EXPECT_EQ("", engine_->check_invariants());
+  for (size_t i = 1; i < 4; ++i) done_with(i);
+  EXPECT_EQ(0u, stats().disk_bytes);
+  EXPECT_EQ(0u, stats().host_bytes);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+// Unpacking a block on the disk with the card full: read back into pinned memory, then room
+// is made on the card by evicting a block, whose copy needs pinned memory too, so a block
+// goes to the disk. It used to be the very block being fetched (the evicted block needed
+// furthest away): its copy to the device then read a null buffer.
+TEST_F(DiskSpill, MakingRoomForABlockReadBackNeverSendsItBackToTheDisk) {
+  TempDir dir("vramswap-spill-test");
+  EngineOptions options;
+  options.horizon = 0;
+  options.host_limit_bytes = 8 * kMiB;
+  options.disk_dir = dir.path();
+  start(8 * kMiB, options);
+  engine_->graph_begin();
+  Saved saved = save_cold(6, 20);  // 4 and 5 on the device, 2 and 3 on the host, 0 and 1 on the disk
+  ASSERT_GE(stats().disk_bytes, 2 * kBlock);
+  const auto unpacked = engine_->unpack(saved.handles[1], stream_);
+  ASSERT_TRUE(unpacked.ok) << unpacked.message;
+  EXPECT_TRUE(holds(saved.blocks[1], 21));
+  EXPECT_EQ("", engine_->check_invariants());
   ASSERT_TRUE(engine_->release(saved.handles[1]).ok);
   ASSERT_TRUE(engine_->free_tagged(saved.blocks[1], stream_).ok);
-  for (size_t i = 2; i < saved.blocks.size(); ++i) {
+  for (size_t i : {5, 4, 3, 2, 0}) {
+    const auto r = engine_->unpack(saved.handles[i], stream_);
+    ASSERT_TRUE(r.ok) << i << ": " << r.message;
+    EXPECT_TRUE(holds(saved.blocks[i], uint8_t(20 + i))) << i;
     ASSERT_TRUE(engine_->release(saved.handles[i]).ok);
     ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok);
   }
-  EXPECT_EQ(0u, stats().disk_bytes);
-  EXPECT_EQ(0u, stats().host_bytes);
   EXPECT_EQ("", engine_->check_invariants());
 }
 
