@@ -11,17 +11,39 @@ namespace {
 
 using residency_test::TempDir;
 
-using DiskSpill = EngineFixture;
+class DiskSpill : public EngineFixture {
+ protected:
+  // A card of `card` bytes whose engine has `host` bytes of pinned memory and a disk tier in
+  // a directory of the test's own; the graph begun.
+  void start_with_disk(uint64_t card, uint64_t host, int horizon, bool verify = false) {
+    ASSERT_FALSE(dir_.path().empty());
+    EngineOptions options;
+    options.horizon = horizon;
+    options.verify = verify;
+    options.host_limit_bytes = host;
+    options.disk_dir = dir_.path();
+    start(card, options);
+    engine_->graph_begin();
+  }
+  // Backward over save_cold(n, seed)'s block i: unpacked, checked, released and freed, with
+  // the invariants checked after it.
+  void backward_one(const Saved& saved, size_t i, uint8_t seed) {
+    const auto unpacked = engine_->unpack(saved.handles[i], stream_);
+    ASSERT_TRUE(unpacked.ok) << i << ": " << unpacked.message;
+    EXPECT_TRUE(holds(saved.blocks[i], uint8_t(seed + i))) << "block " << i;
+    ASSERT_TRUE(engine_->release(saved.handles[i]).ok) << i;
+    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
+    EXPECT_EQ("", engine_->check_invariants()) << i;
+  }
+  void backward(const Saved& saved, uint8_t seed) {
+    for (size_t i = saved.blocks.size(); i-- > 0;) backward_one(saved, i, seed);
+  }
+
+  TempDir dir_{"vramswap-spill-test"};
+};
 
 TEST_F(DiskSpill, BlocksPastAFullHostTierGoToDiskAndComeBackWhole) {
-  TempDir dir("vramswap-spill-test");
-  ASSERT_FALSE(dir.path().empty());
-  EngineOptions options;
-  options.horizon = 1;
-  options.host_limit_bytes = 8 * kMiB;  // two blocks
-  options.disk_dir = dir.path();
-  start(16 * kMiB, options);
-  engine_->graph_begin();
+  start_with_disk(16 * kMiB, 8 * kMiB, 1);  // pinned memory for two blocks
   // 32 MiB saved on a 16 MiB card with 8 MiB of pinned memory: at least 8 MiB must go on
   // to the disk.
   Saved saved = save_cold(8, 10);
@@ -31,14 +53,7 @@ TEST_F(DiskSpill, BlocksPastAFullHostTierGoToDiskAndComeBackWhole) {
   EXPECT_GT(mid.disk_bytes, 0u);
   EXPECT_LE(mid.host_bytes, 8 * kMiB);
   // Backward: each block unpacked (last saved first), checked, released and freed.
-  for (size_t i = saved.blocks.size(); i-- > 0;) {
-    const auto unpacked = engine_->unpack(saved.handles[i], stream_);
-    ASSERT_TRUE(unpacked.ok) << i << ": " << unpacked.message;
-    EXPECT_TRUE(holds(saved.blocks[i], uint8_t(10 + i))) << "block " << i;
-    ASSERT_TRUE(engine_->release(saved.handles[i]).ok) << i;
-    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
-    EXPECT_EQ("", engine_->check_invariants()) << i;
-  }
+  backward(saved, 10);
   const EngineStats after = stats();
   EXPECT_EQ(after.disk_bytes_written, after.disk_bytes_read) << "what went to the disk came back";
   EXPECT_EQ(0u, after.disk_bytes) << "every extent given back";
@@ -46,23 +61,11 @@ TEST_F(DiskSpill, BlocksPastAFullHostTierGoToDiskAndComeBackWhole) {
 }
 
 TEST_F(DiskSpill, ChecksumsHoldThroughTheDisk) {
-  TempDir dir("vramswap-spill-test");
-  EngineOptions options;
-  options.horizon = 0;
-  options.verify = true;  // checksummed at eviction, checked when each block is restored
-  options.host_limit_bytes = 4 * kMiB;
-  options.disk_dir = dir.path();
-  start(8 * kMiB, options);
-  engine_->graph_begin();
+  // Checksummed at eviction, checked when each block is restored.
+  start_with_disk(8 * kMiB, 4 * kMiB, 0, true);
   Saved saved = save_cold(4, 40);
   ASSERT_GT(stats().disk_bytes, 0u);
-  for (size_t i = saved.blocks.size(); i-- > 0;) {
-    const auto unpacked = engine_->unpack(saved.handles[i], stream_);
-    ASSERT_TRUE(unpacked.ok) << i << ": " << unpacked.message;
-    EXPECT_TRUE(holds(saved.blocks[i], uint8_t(40 + i))) << "block " << i;
-    ASSERT_TRUE(engine_->release(saved.handles[i]).ok) << i;
-    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
-  }
+  backward(saved, 40);
   const EngineStats s = stats();
   EXPECT_GT(s.disk_bytes_read, 0u);
   EXPECT_EQ(0u, s.num_verify_failures);
@@ -70,13 +73,7 @@ TEST_F(DiskSpill, ChecksumsHoldThroughTheDisk) {
 }
 
 TEST_F(DiskSpill, AFreedBlockOnDiskGivesItsSpaceBack) {
-  TempDir dir("vramswap-spill-test");
-  EngineOptions options;
-  options.horizon = 0;
-  options.host_limit_bytes = 4 * kMiB;
-  options.disk_dir = dir.path();
-  start(8 * kMiB, options);
-  engine_->graph_begin();
+  start_with_disk(8 * kMiB, 4 * kMiB, 0);
   Saved saved = save_cold(4, 1);
   ASSERT_GT(stats().disk_bytes, 0u);
   for (size_t i = saved.blocks.size(); i-- > 0;) {
@@ -91,23 +88,10 @@ TEST_F(DiskSpill, AFreedBlockOnDiskGivesItsSpaceBack) {
 // Note [Reading ahead from the disk]: the window's blocks on the disk are read back by the
 // tier's threads while backward goes on; only a block needed before its read is done waits.
 TEST_F(DiskSpill, TheWindowReadsBlocksOnTheDiskAheadOfUse) {
-  TempDir dir("vramswap-spill-test");
-  EngineOptions options;
-  options.horizon = 2;
-  options.host_limit_bytes = 8 * kMiB;
-  options.disk_dir = dir.path();
-  start(16 * kMiB, options);
-  engine_->graph_begin();
+  start_with_disk(16 * kMiB, 8 * kMiB, 2);
   Saved saved = save_cold(8, 90);
   ASSERT_GT(stats().disk_bytes, 0u);
-  for (size_t i = saved.blocks.size(); i-- > 0;) {
-    const auto unpacked = engine_->unpack(saved.handles[i], stream_);
-    ASSERT_TRUE(unpacked.ok) << i << ": " << unpacked.message;
-    EXPECT_TRUE(holds(saved.blocks[i], uint8_t(90 + i))) << "block " << i;
-    EXPECT_EQ("", engine_->check_invariants()) << i;
-    ASSERT_TRUE(engine_->release(saved.handles[i]).ok) << i;
-    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
-  }
+  backward(saved, 90);
   const EngineStats s = stats();
   EXPECT_GT(s.disk_bytes_read_ahead, 0u) << "the window's reads did not wait for their turn";
   EXPECT_LE(s.disk_bytes_read_ahead, s.disk_bytes_read);
@@ -119,27 +103,14 @@ TEST_F(DiskSpill, TheWindowReadsBlocksOnTheDiskAheadOfUse) {
 // Note [Writing ahead to the disk]: with the pinned tier nearly full, the blocks needed
 // furthest away go to the disk in the background, so that evictions find pinned room.
 TEST_F(DiskSpill, BlocksNeededLastAreWrittenToTheDiskAheadOfNeed) {
-  TempDir dir("vramswap-spill-test");
-  EngineOptions options;
-  options.horizon = 1;
-  options.host_limit_bytes = 16 * kMiB;
-  options.disk_dir = dir.path();
-  start(8 * kMiB, options);
-  engine_->graph_begin();
+  start_with_disk(8 * kMiB, 16 * kMiB, 1);
   Saved saved = save_cold(10, 30);
   const EngineStats mid = stats();
   EXPECT_GT(mid.disk_bytes_written_ahead, 0u) << "no write waited for its turn";
   EXPECT_LE(mid.disk_bytes_written_ahead, mid.disk_bytes_written);
   EXPECT_EQ("", engine_->check_invariants());
   // A block whose write may still run is fetched: its host copy comes back.
-  for (size_t i = saved.blocks.size(); i-- > 0;) {
-    const auto unpacked = engine_->unpack(saved.handles[i], stream_);
-    ASSERT_TRUE(unpacked.ok) << i << ": " << unpacked.message;
-    EXPECT_TRUE(holds(saved.blocks[i], uint8_t(30 + i))) << "block " << i;
-    EXPECT_EQ("", engine_->check_invariants()) << i;
-    ASSERT_TRUE(engine_->release(saved.handles[i]).ok) << i;
-    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
-  }
+  backward(saved, 30);
   const EngineStats s = stats();
   EXPECT_EQ(0u, s.disk_bytes);
   EXPECT_EQ(0u, s.host_bytes);
@@ -147,13 +118,7 @@ TEST_F(DiskSpill, BlocksNeededLastAreWrittenToTheDiskAheadOfNeed) {
 }
 
 TEST_F(DiskSpill, BlocksFreedWhileTheirWritesAheadMayRunGiveEverythingBack) {
-  TempDir dir("vramswap-spill-test");
-  EngineOptions options;
-  options.horizon = 0;
-  options.host_limit_bytes = 16 * kMiB;
-  options.disk_dir = dir.path();
-  start(8 * kMiB, options);
-  engine_->graph_begin();
+  start_with_disk(8 * kMiB, 16 * kMiB, 0);
   Saved saved = save_cold(8, 1);
   for (size_t i = 0; i < saved.blocks.size(); ++i) {  // the first ones, furthest away, first
     ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
@@ -164,33 +129,19 @@ TEST_F(DiskSpill, BlocksFreedWhileTheirWritesAheadMayRunGiveEverythingBack) {
 }
 
 TEST_F(DiskSpill, ABlockFreedOrUnpackedWhileItsReadAheadRunsWaitsForIt) {
-  TempDir dir("vramswap-spill-test");
-  EngineOptions options;
-  options.horizon = 0;
-  options.host_limit_bytes = 8 * kMiB;  // room to evict one more while one is fetched
-  options.disk_dir = dir.path();
-  start(8 * kMiB, options);
-  engine_->graph_begin();
+  start_with_disk(8 * kMiB, 8 * kMiB, 0);  // room to evict one more while one is fetched
   Saved saved = save_cold(6, 60);  // two on the device, two on the host, the first two on the disk
   ASSERT_GE(stats().disk_bytes, 2 * kBlock);
   // A hint reads a block ahead only into device room it can have now: none yet.
   EXPECT_FALSE(engine_->prefetch(saved.handles[0]).ok);
   EXPECT_EQ(0u, stats().disk_bytes_read) << "no room on the device, nothing read";
-  auto done_with = [&](size_t i) {
-    ASSERT_TRUE(engine_->release(saved.handles[i]).ok) << i;
-    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
-  };
-  done_with(5);
+  backward_one(saved, 5, 60);
   ASSERT_TRUE(engine_->prefetch(saved.handles[0]).ok);  // its pages, then its read: nothing waits
   ASSERT_TRUE(engine_->free_tagged(saved.blocks[0], stream_).ok);
   EXPECT_EQ("", engine_->check_invariants());
-  done_with(4);
+  backward_one(saved, 4, 60);
   ASSERT_TRUE(engine_->prefetch(saved.handles[1]).ok);
-  const auto unpacked = engine_->unpack(saved.handles[1], stream_);
-  ASSERT_TRUE(unpacked.ok) << unpacked.message;
-  EXPECT_TRUE(holds(saved.blocks[1], 61));
-  EXPECT_EQ("", engine_->check_invariants());
-  for (size_t i = 1; i < 4; ++i) done_with(i);
+  for (size_t i : {1, 3, 2}) backward_one(saved, i, 60);  // 1's read may still run
   EXPECT_EQ(0u, stats().disk_bytes);
   EXPECT_EQ(0u, stats().host_bytes);
   EXPECT_EQ("", engine_->check_invariants());
@@ -201,29 +152,10 @@ TEST_F(DiskSpill, ABlockFreedOrUnpackedWhileItsReadAheadRunsWaitsForIt) {
 // goes to the disk. It used to be the very block being fetched (the evicted block needed
 // furthest away): its copy to the device then read a null buffer.
 TEST_F(DiskSpill, MakingRoomForABlockReadBackNeverSendsItBackToTheDisk) {
-  TempDir dir("vramswap-spill-test");
-  EngineOptions options;
-  options.horizon = 0;
-  options.host_limit_bytes = 8 * kMiB;
-  options.disk_dir = dir.path();
-  start(8 * kMiB, options);
-  engine_->graph_begin();
+  start_with_disk(8 * kMiB, 8 * kMiB, 0);
   Saved saved = save_cold(6, 20);  // 4 and 5 on the device, 2 and 3 on the host, 0 and 1 on the disk
   ASSERT_GE(stats().disk_bytes, 2 * kBlock);
-  const auto unpacked = engine_->unpack(saved.handles[1], stream_);
-  ASSERT_TRUE(unpacked.ok) << unpacked.message;
-  EXPECT_TRUE(holds(saved.blocks[1], 21));
-  EXPECT_EQ("", engine_->check_invariants());
-  ASSERT_TRUE(engine_->release(saved.handles[1]).ok);
-  ASSERT_TRUE(engine_->free_tagged(saved.blocks[1], stream_).ok);
-  for (size_t i : {5, 4, 3, 2, 0}) {
-    const auto r = engine_->unpack(saved.handles[i], stream_);
-    ASSERT_TRUE(r.ok) << i << ": " << r.message;
-    EXPECT_TRUE(holds(saved.blocks[i], uint8_t(20 + i))) << i;
-    ASSERT_TRUE(engine_->release(saved.handles[i]).ok);
-    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok);
-  }
-  EXPECT_EQ("", engine_->check_invariants());
+  for (size_t i : {1, 5, 4, 3, 2, 0}) backward_one(saved, i, 20);  // block 1 first
 }
 
 TEST_F(DiskSpill, AnUnusableDirectoryLeavesTheEngineWithoutADiskAndSaysWhy) {

@@ -13,6 +13,12 @@ using Lane = Engine::UseLane;
 
 class Kept : public EngineFixture {
  protected:
+  // A card of four blocks, `horizon` blocks prefetched.
+  void start_on_four_blocks(int horizon) {
+    EngineOptions options;
+    options.horizon = horizon;
+    start(16 * kMiB, options);
+  }
   // Fills the block with `seed`'s pattern on the compute stream (as the optimizer writes).
   void fill(void* p, uint8_t seed, size_t size = kBlock) {
     std::vector<uint8_t> pattern(size);
@@ -45,9 +51,7 @@ class Kept : public EngineFixture {
 };
 
 TEST_F(Kept, AFrozenBlockIsCopiedOutOnceAndDroppedWithNoCopyEveryLaterStep) {
-  EngineOptions options;
-  options.horizon = 1;
-  start(16 * kMiB, options);  // four blocks; six layers of weights
+  start_on_four_blocks(1);  // six layers of weights
   const auto layers = keep_cold(6, 20, true);
   // Step 1 copies out what must leave; step 2 may copy out blocks step 1 left resident
   // (each block at most once); from then on nothing is copied out again.
@@ -74,9 +78,7 @@ TEST_F(Kept, AFrozenBlockIsCopiedOutOnceAndDroppedWithNoCopyEveryLaterStep) {
 }
 
 TEST_F(Kept, AFrozenBlockInUseIsNotGivenUpThoughItIsClean) {
-  EngineOptions options;
-  options.horizon = 0;
-  start(16 * kMiB, options);
+  start_on_four_blocks(0);
   const auto layers = keep_cold(4, 50, true);
   // Pushed out (copied once), then used: clean and in use.
   std::vector<std::pair<void*, uint64_t>> others = keep_cold(4, 90, false);
@@ -92,9 +94,7 @@ TEST_F(Kept, AFrozenBlockInUseIsNotGivenUpThoughItIsClean) {
 }
 
 TEST_F(Kept, OptimizerStateIsCopiedOutAgainAfterEachUseAndComesBackAsWritten) {
-  EngineOptions options;
-  options.horizon = 1;
-  start(16 * kMiB, options);
+  start_on_four_blocks(1);
   auto state = keep_cold(6, 30, false);
   uint64_t evicted = stats().bytes_evicted_total;
   for (int step = 1; step <= 3; ++step) {
@@ -114,9 +114,7 @@ TEST_F(Kept, OptimizerStateIsCopiedOutAgainAfterEachUseAndComesBackAsWritten) {
 }
 
 TEST_F(Kept, AKeptBlockAutogradSavesComesBackInBackwardAndIsColdAfterItsRelease) {
-  EngineOptions options;
-  options.horizon = 0;
-  start(16 * kMiB, options);
+  start_on_four_blocks(0);
   auto weight = keep_cold(1, 60, true)[0];
   engine_->graph_begin();
   ASSERT_TRUE(engine_->use(weight.second, stream_, Lane::kForward).ok);
@@ -142,9 +140,7 @@ TEST_F(Kept, AKeptBlockAutogradSavesComesBackInBackwardAndIsColdAfterItsRelease)
 }
 
 TEST_F(Kept, StateNeededAfterBackwardLeavesBeforeTheActivationsBackwardNeeds) {
-  EngineOptions options;
-  options.horizon = 0;
-  start(16 * kMiB, options);
+  start_on_four_blocks(0);
   auto state = keep_cold(2, 10, false);
   engine_->graph_begin();
   for (const auto& [p, h] : state) {  // the optimizer's step after the first backward
@@ -187,9 +183,7 @@ TEST_F(Kept, CallsThatDoNotFitAKeptBlockAreRefusedAndAFreeEndsTheKeep) {
 }
 
 TEST_F(Kept, UnkeepBringsAnEvictedBlockBackAndEndsTheHandle) {
-  EngineOptions options;
-  options.horizon = 0;
-  start(16 * kMiB, options);
+  start_on_four_blocks(0);
   auto kept = keep_cold(1, 5, true)[0];
   Saved acts = save_cold(4, 40);  // the kept block leaves
   ASSERT_GT(stats().frozen_bytes_d2h, 0u);
