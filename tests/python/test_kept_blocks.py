@@ -182,41 +182,11 @@ def main(argv):
 
 
 def run_options(check, tmp):
-    """`vramswap run --offload-frozen` and `--offload-optimizer` on the unmodified script."""
-    script = str(SCRIPT.parent / "scripts" / "train_kept.py")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMSWAP_") or k in (
-        "VRAMSWAP_LIBRARY", "VRAMSWAP_CUDASIM_DIR", "VRAMSWAP_CACHE_DIR", "VRAMSWAP_TORCH_EXT")}
-    env["PYTHONPATH"] = os.pathsep.join([str(harness.REPO / "plugin" / "python")] +
-                                        ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["VRAMSWAP_TORCH_DEVICE"] = "cpu-sim"
-
-    def launch(name, args, extra=None):
-        out = os.path.join(tmp, name)
-        cmd = [sys.executable] + (["-m", "vramswap", "run"] + args + ["--", "python3"] if args is not None else [])
-        proc = subprocess.run(cmd + [script, out + ".json"] + extra, cwd=tmp, capture_output=True, text=True,
-                              timeout=600, env=dict(env, VRAMSWAP_STATS_FILE=out + ".stats", **(launch.env or {})))
-        if proc.returncode != 0:
-            print(f"{' '.join(cmd)} failed with status {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-            sys.exit(1)
-        with open(out + ".json") as f:
-            results = json.load(f)
-        stats = None
-        if args is not None:
-            with open(out + ".stats") as f:
-                stats = json.load(f)
-        return results, stats
-
-    for model, flag, percent in (("lora", "--offload-frozen", 85), ("mlp", "--offload-optimizer", 75)):
-        launch.env = None
-        ref, _ = launch(f"run-{model}-ref", None, ["--model", model])
-        _, peak = launch(f"run-{model}-peak", ["--no-offload"], ["--model", model])
-        limit = peak["peak_reserved_bytes"] * percent // 100 // MIB * MIB
-        launch.env = {"VRAMSWAP_LIMIT": str(limit)}
-        got, st = launch(f"run-{model}", [flag] + (["--no-offload"] if model == "mlp" else []), ["--model", model])
-        key = "frozen_bytes_d2h" if model == "lora" else "bytes_evicted_total"
-        check(got == ref and st["peak_reserved_bytes"] <= limit and st[key] > 0 and st["num_ooms"] == 0,
-              f"vramswap run {flag} ({model} at {percent}% of its peak): the plain run's results, peak "
-              f"{st['peak_reserved_bytes'] / MIB:.1f} <= {limit / MIB:.0f} MiB, {key}={st[key]}")
+    """`vramswap run --offload-frozen` and `--offload-optimizer` on the unmodified script
+    (tests/gpu/kept.py, which a GPU runs the same way)."""
+    sys.path.insert(0, str(SCRIPT.parents[1] / "gpu"))
+    import kept
+    kept.run_options(tmp, True, check)
 
 
 if __name__ == "__main__":

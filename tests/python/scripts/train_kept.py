@@ -8,8 +8,10 @@
   mlp               four 1024x1024 layers trained with AdamW: its first optimizer step holds
                     the parameters, their gradients and AdamW's two states at once
 
-Usage: python3 train_kept.py OUT [--model lora|lora_checkpoint|mlp]
+Usage: python3 train_kept.py OUT [--model lora|lora_checkpoint|mlp] [--device cpu|cuda]
 Writes to OUT (JSON): each step's loss and a sha256 of the trained parameters after training.
+On cuda: deterministic algorithms and no TF32 (the environment must set
+CUBLAS_WORKSPACE_CONFIG=:4096:8, as tests/gpu/kept.py does), so that runs compare bit for bit.
 """
 import argparse
 import hashlib
@@ -69,13 +71,17 @@ def mlp_model():
     return model, (x, y)
 
 
-def build(name):
-    """-> (model, data, optimizer, loss_fn) for a model of the docstring."""
+def build(name, device="cpu"):
+    """-> (model, data, optimizer, loss_fn) for a model of the docstring, on `device`."""
     if name == "mlp":
         model, data = mlp_model()
+        model.to(device)
+        data = tuple(t.to(device) for t in data)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
         return model, data, opt, lambda: torch.nn.functional.mse_loss(model(data[0]), data[1])
     model, data = lora_model(name == "lora_checkpoint")
+    model.to(device)
+    data = tuple(t.to(device) for t in data)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     return model, data, opt, lambda: model(*data)
 
@@ -84,9 +90,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--model", default="lora", choices=("lora", "lora_checkpoint", "mlp"))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, _, opt, loss_fn = build(args.model)
+    if args.device == "cuda":
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cuda.matmul.allow_tf32 = False
+    model, _, opt, loss_fn = build(args.model, args.device)
     losses = []
     for _ in range(STEPS):
         loss = loss_fn()
@@ -97,7 +107,7 @@ def main():
     digest = hashlib.sha256()
     for p in model.parameters():
         if p.requires_grad:
-            digest.update(p.detach().numpy().tobytes())
+            digest.update(p.detach().cpu().numpy().tobytes())
     with open(args.out, "w") as f:
         json.dump({"losses": losses, "trained": digest.hexdigest()}, f)
 
