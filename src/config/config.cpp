@@ -103,8 +103,8 @@ constexpr KeySpec kKeys[] = {
         "VRAMSWAP_DISK_DIR", kAtCreation, "", "directory",
         "A directory for the disk tier: when the pinned host tier is full, evicted blocks needed furthest "
         "away move on to one file there (created unlinked, mode 0600, so nothing is left behind), and come "
-        "back through pinned memory when needed. The engine call that needs a move waits for it (disk "
-        "transfers are not yet overlapped with compute). Unset: no disk tier (eviction stops when the host "
+        "back through pinned memory when needed: read ahead of use, and written ahead of need while the "
+        "pinned tier runs short, on threads of its own. Unset: no disk tier (eviction stops when the host "
         "tier is full)."),
     key<KeyType::kOptionalSize, &Config::disk_limit>(
         "VRAMSWAP_DISK_LIMIT", kAtCreation, "", "4KiB..",
