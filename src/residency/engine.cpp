@@ -99,6 +99,7 @@ void Engine::Impl::untrack(Slot& s, uint32_t slot) {
   if (s.packs > 0) --st_.num_tracked_blocks;
   if (s.kept) st_.kept_bytes -= s.placed;
   s.packs = 0;
+  s.later_packs.clear();
   s.kept = false;
   s.frozen = false;
   s.fresh_copy = false;
@@ -208,16 +209,21 @@ uint64_t Engine::Impl::pack(const void* ptr, cudaStream_t stream) {
   if (slot == UINT32_MAX) return 0;
   Slot& s = slots_[slot];
   const policy::UseKey key{graph_, ++seq_};
-  // Saved again: needed at the earliest of its saves (the latest one, in backward).
+  // Saved again: needed at the earliest of its saves (the latest one, in backward). A kept
+  // block remembers the others: it is cold between their uses (release).
   if (s.packs == 0 || policy::needed_before(key, s.pack_key)) {
     const bool in_order = s.packs > 0 || s.kept;
     if (s.packs == 0) ++st_.num_tracked_blocks;
+    else if (s.kept) s.later_packs.push_back(s.pack_key);
     s.pack_key = key;
     ++s.packs;
     reorder(slot, in_order);
   } else {
+    if (s.kept) s.later_packs.push_back(key);
     ++s.packs;
   }
+  if (s.later_packs.size() > 1)
+    std::sort(s.later_packs.begin(), s.later_packs.end(), policy::needed_before);
   if (recorder_.active() && s.step_block == policy::kNoPoint) {
     s.step_block = recorder_.new_block(s.placed);
     if (s.step_block != policy::kNoPoint) {
@@ -398,29 +404,43 @@ Status Engine::Impl::release(uint64_t handle) {
   note_point(policy::PointKind::kRelease, s->step_block, 0);
   if (s->packs > 1) {
     --s->packs;
+    // Kept: backward is done with this save; it is needed next at the next save's use, whose
+    // unpack fetches it if it leaves meanwhile.
+    if (s->kept) {
+      cold_after_backward(*s);
+      if (!s->later_packs.empty()) {
+        s->pack_key = s->later_packs.front();
+        s->later_packs.erase(s->later_packs.begin());
+        reorder(slot, true);
+      }
+    }
     return {};
   }
   if (!s->kept) return make_ordinary(slot, "release");
   // Kept: backward is done with it. Its next use is the kept one; after its use by backward
   // it is cold again from the work queued so far on the stream it was unpacked on.
   s->packs = 0;
+  s->later_packs.clear();
   --st_.num_tracked_blocks;
   s->step_block = policy::kNoPoint;
   reorder(slot, true);
-  if (s->unpacked) {
-    try {
-      if (!s->cold_event) s->cold_event = events_.acquire();
-      s->cold_event.record(s->use_stream);
-      s->cold = true;
-      s->cold_stream = s->use_stream;
-      s->unpacked = false;
-    } catch (const cuda::CudaError& e) {
-      stats::log(stats::LogLevel::kWarn, "release of kept block %s on device %d: marking it cold failed: %s (it "
-                 "stays in use until marked cold)", format_hex(s->addr).c_str(), device_, e.what());
-    }
-  }
+  cold_after_backward(*s);
   end_step_if_done();
   return {};
+}
+
+void Engine::Impl::cold_after_backward(Slot& s) {
+  if (!s.unpacked) return;  // not in use by backward (released unused, or cold already)
+  try {
+    if (!s.cold_event) s.cold_event = events_.acquire();
+    s.cold_event.record(s.use_stream);
+    s.cold = true;
+    s.cold_stream = s.use_stream;
+    s.unpacked = false;
+  } catch (const cuda::CudaError& e) {
+    stats::log(stats::LogLevel::kWarn, "release of kept block %s on device %d: marking it cold failed: %s (it "
+               "stays in use until marked cold)", format_hex(s.addr).c_str(), device_, e.what());
+  }
 }
 
 Status Engine::Impl::make_ordinary(uint32_t slot, const char* what) {
@@ -489,6 +509,7 @@ Status Engine::Impl::unkeep(uint64_t handle) {
   // Still packed: a packed block now, whose host copy is not kept while it is used.
   s->kept = false;
   s->frozen = false;
+  s->later_packs.clear();
   st_.kept_bytes -= s->placed;
   if (s->residency == Residency::kClean && !s->cold) forget_host_copy(*s);
   reorder(slot, true);

@@ -69,8 +69,9 @@
 //   graph's backward (the optimizer's step). Uses are numbered in order within their graph
 //   and lane (use_order.h); a kept block's next use is predicted at the same lane and
 //   position one graph later, or at its earliest pack when autograd saved it meanwhile.
-//   When the last pack of a kept block is released after backward unpacked it, the block
-//   is cold again from that point of the stream it was unpacked on.
+//   When a pack of a kept block is released after backward unpacked it, the block is cold
+//   again from that point of the stream it was unpacked on (a block saved by two forwards
+//   before their backward leaves between its two uses).
 // * A frozen block's contents never change after keep (the caller promises it): its host
 //   copy, once made, stays valid, so the block stays clean while used and is dropped (its
 //   pages unmapped) with no copy every later time. Its first eviction is the only copy out.

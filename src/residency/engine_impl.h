@@ -99,6 +99,9 @@ struct Slot {
   // last unpacked or used.
   bool kept = false;
   bool frozen = false;
+  // Kept and packed more than once (forwards before their backward): the keys of its packs
+  // after pack_key, the next needed first; each release after a use moves on to the next.
+  std::vector<policy::UseKey> later_packs;
   bool fresh_copy = false;
   policy::UseKey next_use;
   cudaStream_t use_stream = nullptr;
@@ -231,6 +234,9 @@ class Engine::Impl : private policy::ReactiveEngine {
   // unpack's and use's common part: makes the block valid for work queued on `stream`
   // (fetched, or waited for), then in use; the window is prefetched after `cursor`.
   Status bring_in(uint32_t slot, cudaStream_t stream, const policy::UseKey& cursor, const char* what);
+  // A kept block's save was released after backward unpacked it: cold again from the work
+  // queued so far on the stream it was unpacked on (a failure is logged: it stays in use).
+  void cold_after_backward(Slot& s);
   // Its last pack was released or its keep ended: an ordinary block again, brought back
   // first (waiting) when it is on the host. On a refusal nothing changed.
   Status make_ordinary(uint32_t slot, const char* what);

@@ -9,6 +9,11 @@ lora   A LoRA-style model: a frozen embedding, six frozen 1024x1024 layers each 
        adapters bit-identical to the run without vramswap; each weight copied to the host at
        most once (frozen_bytes_d2h <= the kept bytes) and dropped again with no copy in every
        later step (frozen_bytes_dropped grows in steps 2 and 3).
+       lora_checkpoint: the same with layers 2 and 3 under torch.utils.checkpoint;
+       lora_accum: two forwards before one backward (each weight saved twice: it must be cold
+       between its two uses in backward, else the whole base is held at once);
+       lora_no_scope: offload_frozen with no offload scope (autograd holds the weights it
+       saves until backward), at 90%.
 adamw  A four-layer 1024-wide MLP trained with AdamW for three steps, whose peak without
        offload is in the first optimizer step (the state created there). At 75% of that
        peak the run stops with an out-of-memory; with offload_optimizer(optimizer) it
@@ -16,7 +21,8 @@ adamw  A four-layer 1024-wide MLP trained with AdamW for three steps, whose peak
 
 Each run is a child process (`--child MODE CASE OUT LIMIT`): ref (no vramswap), peak
 (vramswap, no limit, no offload), offload (the limit and the feature), plain (the limit
-without the feature).
+without the feature). Then tests/gpu/kept.py's checks of `vramswap run --offload-frozen` and
+`--offload-optimizer` in the CPU-emulation mode.
 
 Usage: python3 tests/python/test_kept_blocks.py   (exit status 0: every check held)
 """
@@ -36,7 +42,8 @@ STEPS = 3
 SCRIPT = Path(__file__).resolve()
 
 
-MODEL = {"lora": "lora", "lora_checkpoint": "lora_checkpoint", "lora_no_scope": "lora", "adamw": "mlp"}
+MODEL = {"lora": "lora", "lora_checkpoint": "lora_checkpoint", "lora_accum": "lora_accum", "lora_no_scope": "lora",
+         "adamw": "mlp"}
 
 
 def child(mode, case, out, limit):
@@ -134,7 +141,7 @@ def main(argv):
     if argv and argv[0] == "--child":
         child(argv[1], argv[2], argv[3], int(argv[4]))
         return 0
-    cases = argv or ["lora", "lora_checkpoint", "lora_no_scope", "adamw"]
+    cases = argv or ["lora", "lora_checkpoint", "lora_accum", "lora_no_scope", "adamw"]
     check = harness.Checks()
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases:

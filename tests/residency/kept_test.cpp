@@ -139,6 +139,35 @@ TEST_F(Kept, AKeptBlockAutogradSavesComesBackInBackwardAndIsColdAfterItsRelease)
   EXPECT_EQ("", engine_->check_invariants());
 }
 
+// Two forwards before their backward (gradient accumulation) save a frozen weight twice.
+// Once the first of its saves is used and released, the weight is cold until the other's
+// unpack: it stayed in use until its last release, and a model's whole base ran out of memory
+// (every weight held at once in the backward of two microbatches).
+TEST_F(Kept, AKeptBlockSavedTwiceIsColdBetweenItsTwoUsesInBackward) {
+  start_on_four_blocks(0);
+  auto weight = keep_cold(1, 60, true)[0];
+  engine_->graph_begin();
+  ASSERT_TRUE(engine_->use(weight.second, stream_, Lane::kForward).ok);
+  ASSERT_EQ(weight.second, engine_->pack(weight.first, stream_));
+  ASSERT_TRUE(engine_->mark_cold(weight.second, stream_).ok);
+  engine_->graph_begin();
+  ASSERT_TRUE(engine_->use(weight.second, stream_, Lane::kForward).ok);
+  ASSERT_EQ(weight.second, engine_->pack(weight.first, stream_));
+  ASSERT_TRUE(engine_->mark_cold(weight.second, stream_).ok);
+  // Backward: one save's use, then its release.
+  ASSERT_TRUE(engine_->unpack(weight.second, stream_).ok);
+  ASSERT_TRUE(engine_->release(weight.second).ok);
+  EXPECT_EQ(1u, stats().num_tracked_blocks) << "one save is left";
+  Saved acts = save_cold(4, 70);  // needs the weight's room
+  EXPECT_GT(stats().frozen_bytes_d2h, 0u) << "the weight left between its two uses";
+  const auto unpacked = engine_->unpack(weight.second, stream_);
+  ASSERT_TRUE(unpacked.ok) << unpacked.message;
+  EXPECT_TRUE(holds(weight.first, 60));
+  ASSERT_TRUE(engine_->release(weight.second).ok);
+  for (size_t i = 0; i < acts.blocks.size(); ++i) ASSERT_TRUE(engine_->free_tagged(acts.blocks[i], stream_).ok);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
 TEST_F(Kept, StateNeededAfterBackwardLeavesBeforeTheActivationsBackwardNeeds) {
   start_on_four_blocks(0);
   auto state = keep_cold(2, 10, false);

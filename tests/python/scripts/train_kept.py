@@ -5,10 +5,12 @@
   lora              a frozen embedding, six frozen 1024x1024 layers each with a trainable
                     rank-16 adapter, a frozen head; SGD on the adapters
   lora_checkpoint   the same, layers 2 and 3 under torch.utils.checkpoint (non-reentrant)
+  lora_accum        the same, two forwards (two microbatches) before one backward: each
+                    frozen weight saved twice
   mlp               four 1024x1024 layers trained with AdamW: its first optimizer step holds
                     the parameters, their gradients and AdamW's two states at once
 
-Usage: python3 train_kept.py OUT [--model lora|lora_checkpoint|mlp] [--device cpu|cuda]
+Usage: python3 train_kept.py OUT [--model lora|lora_checkpoint|lora_accum|mlp] [--device cpu|cuda]
 Writes to OUT (JSON): each step's loss and a sha256 of the trained parameters after training.
 On cuda: deterministic algorithms and no TF32 (the environment must set
 CUBLAS_WORKSPACE_CONFIG=:4096:8, as tests/gpu/kept.py does), so that runs compare bit for bit.
@@ -83,13 +85,15 @@ def build(name, device="cpu"):
     model.to(device)
     data = tuple(t.to(device) for t in data)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    if name == "lora_accum":
+        return model, data, opt, lambda: model(*data) + 0.5 * model(data[0].flip(0), data[1].flip(0))
     return model, data, opt, lambda: model(*data)
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--model", default="lora", choices=("lora", "lora_checkpoint", "mlp"))
+    parser.add_argument("--model", default="lora", choices=("lora", "lora_checkpoint", "lora_accum", "mlp"))
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args()
     torch.set_num_threads(1)
