@@ -5,10 +5,12 @@ peak without offload, and the pinned host tier capped at a quarter of the bytes 
 evicts (VRAMSWAP_HOST_LIMIT), with VRAMSWAP_DISK_DIR set.
 
 Checks: losses and gradients bit-identical to the run without vramswap; blocks went to the
-disk (disk_bytes_written > 0) and all came back (disk_bytes 0 at the end); the peak within
-the limit; nothing left in the directory. Then the same run with the directory on a full
-filesystem (a 1 MiB tmpfs, mounted as root or in a namespace of the child's own): the run
-stops with an out-of-memory that names the directory and why, instead of a wrong byte.
+disk (disk_bytes_written > 0), some written ahead of need and read back ahead of use (Notes
+[Writing ahead to the disk] and [Reading ahead from the disk]), and all came back
+(disk_bytes 0 at the end); the peak within the limit; nothing left in the directory. Then
+the same run with the directory on a full filesystem (a 1 MiB tmpfs, mounted as root or in
+a namespace of the child's own): the run stops with an out-of-memory that names the
+directory and why, instead of a wrong byte.
 
 Usage: python3 tests/python/test_disk_tier.py   (exit status 0: every check held)
 """
@@ -51,11 +53,14 @@ def main(argv):
         off = harness.run_child(SCRIPT, "offload", tmp, [CASE], limit)[CASE]
         s = off[1]["stats"]
         print("     stats: " + ", ".join(f"{k}={s[k]}" for k in (
-            "bytes_evicted_total", "peak_host_bytes", "disk_bytes_written", "disk_bytes_read", "disk_bytes",
+            "bytes_evicted_total", "peak_host_bytes", "disk_bytes_written", "disk_bytes_read", "disk_bytes_read_ahead",
+            "disk_bytes_written_ahead", "disk_bytes",
             "num_ooms")))
         harness.same_results(check, f"{CASE}: offload through the disk tier", ref[0], off[0])
         check(s["disk_bytes_written"] > 0, f"blocks went on to the disk ({s['disk_bytes_written']} B)")
         check(s["disk_bytes_read"] > 0, f"and came back ({s['disk_bytes_read']} B)")
+        check(s["disk_bytes_read_ahead"] > 0, f"read back ahead of use ({s['disk_bytes_read_ahead']} B)")
+        check(s["disk_bytes_written_ahead"] > 0, f"written ahead of need ({s['disk_bytes_written_ahead']} B)")
         check(s["disk_bytes"] == 0, f"nothing left on the disk at the end ({s['disk_bytes']} B)")
         check(s["peak_host_bytes"] <= host_limit, f"pinned memory within VRAMSWAP_HOST_LIMIT "
               f"({s['peak_host_bytes']} <= {host_limit})")
