@@ -266,15 +266,10 @@ Status Engine::Impl::mark_cold(uint64_t handle, cudaStream_t stream) {
     if (cuda::is_capturing(stream))
       return {false, block + ": its stream is capturing a CUDA graph, where the point of no use cannot be "
                              "recorded; the block stays in use (not evictable)"};
-    // Recorded before anything changes: a failure leaves the block as it was (not cold).
-    if (!s->cold_event) s->cold_event = events_.acquire();
-    s->cold_event.record(stream);  // everything that could still touch the block is before it
+    record_cold(*s, stream);
   } catch (const cuda::CudaError& e) {
     return {false, block + ": " + e.what() + "; the block stays in use (not evictable)"};
   }
-  s->cold = true;
-  s->cold_stream = stream;
-  s->unpacked = false;
   debug("cold", *s);
   note_point(policy::PointKind::kCold, s->step_block, 0, stream);
   if (recorder_.planned_victim(s->step_block) && s->residency == Residency::kResident) {
@@ -429,14 +424,19 @@ Status Engine::Impl::release(uint64_t handle) {
   return {};
 }
 
+void Engine::Impl::record_cold(Slot& s, cudaStream_t stream) {
+  // Recorded before anything changes: a failure leaves the block as it was (not cold).
+  if (!s.cold_event) s.cold_event = events_.acquire();
+  s.cold_event.record(stream);  // everything that could still touch the block is before it
+  s.cold = true;
+  s.cold_stream = stream;
+  s.unpacked = false;
+}
+
 void Engine::Impl::cold_after_backward(Slot& s) {
   if (!s.unpacked) return;  // not in use by backward (released unused, or cold already)
   try {
-    if (!s.cold_event) s.cold_event = events_.acquire();
-    s.cold_event.record(s.use_stream);
-    s.cold = true;
-    s.cold_stream = s.use_stream;
-    s.unpacked = false;
+    record_cold(s, s.use_stream);
   } catch (const cuda::CudaError& e) {
     stats::log(stats::LogLevel::kWarn, "release of kept block %s on device %d: marking it cold failed: %s (it "
                "stays in use until marked cold)", format_hex(s.addr).c_str(), device_, e.what());

@@ -217,12 +217,13 @@ void Engine::Impl::write_ahead() {
   const uint64_t used = host_.used_bytes() - std::min(host_.used_bytes(), writing_bytes_);
   const uint64_t free = limit - std::min(limit, used);
   if (free >= limit / 4) return;
-  // Room is wanted only for the evictions that can come: the cold blocks on the device.
+  // Room is wanted only for the evictions that can come: the cold blocks on the device, as
+  // far as a quarter of the tier (the walk stops there: it runs after allocations).
   const policy::Window window = policy::window_of(order_, options_.horizon);
   uint64_t evictable = 0;
   order_.each_furthest_first([&](uint32_t slot) {
     if (policy::evictable(view(slot), window.count(slot))) evictable += slots_[slot].requested;
-    return true;
+    return evictable < limit / 4;
   });
   const uint64_t wanted = std::min(evictable, limit / 4);
   if (free >= wanted) return;

@@ -234,6 +234,9 @@ class Engine::Impl : private policy::ReactiveEngine {
   // unpack's and use's common part: makes the block valid for work queued on `stream`
   // (fetched, or waited for), then in use; the window is prefetched after `cursor`.
   Status bring_in(uint32_t slot, cudaStream_t stream, const policy::UseKey& cursor, const char* what);
+  // Records the block's cold event on `stream` and makes it cold (no longer in use). Throws
+  // cuda::CudaError, the block unchanged.
+  void record_cold(Slot& s, cudaStream_t stream);
   // A kept block's save was released after backward unpacked it: cold again from the work
   // queued so far on the stream it was unpacked on (a failure is logged: it stays in use).
   void cold_after_backward(Slot& s);
