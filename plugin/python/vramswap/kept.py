@@ -160,7 +160,7 @@ class FrozenOffload:
 
     def __init__(self, module):
         self._kept = {}       # id(param) -> (param, _Kept)
-        self._modules = []    # (module, [params])
+        self._params = {}     # id(module) -> its kept parameters
         self._hooks = []
         self._state = threading.local()
         seen = set()
@@ -176,10 +176,9 @@ class FrozenOffload:
                 if id(p) in self._kept:
                     params.append(p)
             if params:
-                self._modules.append((m, params))
+                self._params[id(m)] = params
                 self._hooks.append(m.register_forward_pre_hook(self._pre))
                 self._hooks.append(m.register_forward_hook(self._post))
-        self._params = {id(m): params for m, params in self._modules}
 
     def _keep_param(self, p):
         empty = torch.empty(0, dtype=p.dtype, device=p.device)
@@ -303,6 +302,7 @@ class OptimizerOffload:
         self.optimizer = optimizer
         self._kept = {}  # (id(param), state key) -> _Kept
         self._untagged = set()  # (id(param), state key, address): state too small to keep
+        self._budgets = {}      # device -> the chunk budget (_budget)
         self._step = optimizer.step
         optimizer.step = self.step
 
@@ -344,6 +344,16 @@ class OptimizerOffload:
         for kept in used:
             _cold(kept)
 
+    def _budget(self, device):
+        """1/32 of the device's limit, read once per device (the limit is fixed at vramswap's
+        first allocation)."""
+        budget = self._budgets.get(device)
+        if budget is None:
+            from . import memory_stats
+            stats = memory_stats(device if device.type == "cuda" else None)
+            budget = self._budgets[device] = max(stats.get("device_limit_bytes", 0) // 32, 1)
+        return budget
+
     def _chunks(self, params):
         """Consecutive parameters stepped together: as many as keep the chunk's parameter
         bytes within 1/32 of the device's limit (AdamW's state is twice that), at least
@@ -351,15 +361,11 @@ class OptimizerOffload:
         one thread, 100 parameters of 16 floats) took 44 us a parameter called one at a time
         against 23 us in one call. On a card with room to spare a model's whole state fits
         in one chunk."""
-        from . import memory_stats
         chunks, chunk, size = [], [], 0
-        budget = None
         for p in params:
             if p.grad is None:
                 continue
-            if budget is None:
-                stats = memory_stats(p.device if p.device.type == "cuda" else None)
-                budget = max(stats.get("device_limit_bytes", 0) // 32, 1)
+            budget = self._budget(p.device)
             nbytes = p.numel() * p.element_size()
             if chunk and size + nbytes > budget:
                 chunks.append(chunk)
