@@ -11,7 +11,14 @@
                     the parameters, their gradients and AdamW's two states at once
 
 Usage: python3 train_kept.py OUT [--model lora|lora_checkpoint|lora_accum|mlp] [--device cpu|cuda]
+                              [--workspace MIB]
 Writes to OUT (JSON): each step's loss and a sha256 of the trained parameters after training.
+--workspace MIB (cpu only) allocates what torch on a GPU allocates for cuBLAS and keeps for the
+rest of the run: MIB at the first forward's first product and MIB more at the first backward's
+(one workspace per thread and stream: the backward runs on autograd's device thread; 32 MiB
+each on a Hopper card with CUBLAS_WORKSPACE_CONFIG=:4096:8). On a GPU those two took 64 of the
+LoRA model's 101 MiB peak (H200, torch 2.11, 2026-11-27), so a limit there is tighter around
+the model than the same share of the peak in the CPU-emulation mode.
 On cuda: deterministic algorithms and no TF32 (the environment must set
 CUBLAS_WORKSPACE_CONFIG=:4096:8, as tests/gpu/kept.py does), so that runs compare bit for bit.
 """
@@ -95,15 +102,28 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--model", default="lora", choices=("lora", "lora_checkpoint", "lora_accum", "mlp"))
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--workspace", type=int, default=0, metavar="MIB")
     args = parser.parse_args()
+    if args.workspace and args.device != "cpu":
+        parser.error("--workspace emulates a GPU's cuBLAS workspaces: cpu only")
     torch.set_num_threads(1)
     if args.device == "cuda":
         torch.use_deterministic_algorithms(True)
         torch.backends.cuda.matmul.allow_tf32 = False
     model, _, opt, loss_fn = build(args.model, args.device)
     losses = []
+    workspaces = []
+
+    def workspace(*_):
+        if len(workspaces) < 2:
+            workspaces.append(torch.empty(args.workspace << 18, device=args.device))  # float32
+
     for _ in range(STEPS):
+        if args.workspace:
+            workspace()
         loss = loss_fn()
+        if args.workspace and len(workspaces) < 2:
+            loss.register_hook(workspace)
         loss.backward()
         opt.step()
         opt.zero_grad()
