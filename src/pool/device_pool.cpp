@@ -33,7 +33,7 @@ DevicePool::Impl::Impl(const PoolOptions& options)
 }
 
 void DevicePool::Impl::flush_quick() {
-  if (ThreadCache* c = own_cache(); c && c->cached_blocks_now() > 0) empty_thread_cache(*c, false);
+  empty_caches();
   if (quick_blocks_ == 0) return;
   for (auto& [key, list] : quick_)
     for (BlockIt b : list) release_block(b, key.stream);
@@ -123,13 +123,10 @@ void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* 
   check_caches(rounded);
   poll_before_allocating();
   void* p = nullptr;
-  ThreadCache* own = own_cache();
-  if (quick_blocks_ || (own && own->cached_blocks_now() > 0)) {
-    p = take_quick(rounded, stream, false);
-    // A miss: merge the quick lists (and this thread's cache) so that best fit sees every
-    // cached block.
-    if (!p) flush_quick();
-  }
+  if (quick_blocks_) p = take_quick(rounded, stream, false);
+  // A miss: merge the quick lists and every thread's cache so that best fit sees every
+  // cached block (Note [Thread caches]).
+  if (!p) flush_quick();
   if (!p) p = allocate_slow(size, rounded, stream, false, false, lock, error);
   if (p && caches_on_.load(std::memory_order_relaxed)) lend(p, rounded, stream);
   return traced_alloc(p, size, stream);

@@ -553,6 +553,9 @@ class DevicePool::Impl {
   // live blocks too (the pool's again, freed the slow way), and its counters (the cache is
   // dropped next).
   void empty_thread_cache(ThreadCache& c, bool disown);
+  // Gives the pool every thread's cached blocks (the caches stay on): on a miss, with the
+  // quick lists (flush_quick; Note [Thread caches]).
+  void empty_caches();
   // The block is lent to no cache any more (lent_ forgets it).
   void unlend(BlockIt b) {
     if (b->second.owner == nullptr) return;
