@@ -766,6 +766,7 @@ def markdown(report):
               "(host_wait_ns, host_vmm_ns), mapped the bytes given pages by cuMemMap "
               "(host_vmm_mapped_bytes). \"identical\": every step's loss and every "
               "gradient bit-identical (sha256) to the torch mode's.", ""]
+    lines += snapshot_markdown(report["modes"])
     lines += copies_markdown(report.get("copies") or {})
     lines += vmm_markdown(report.get("vmm") or {})
     lines += oom_markdown(report.get("oom") or {})
@@ -773,6 +774,20 @@ def markdown(report):
     lines += [f"- FAIL: {f}" for f in report["failures"]]
     lines += [f"- note: {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def snapshot_markdown(modes):
+    """Each offload mode's snapshot check (check_snapshot): torch's _memory_viz read the dump."""
+    rows = [(r["mode"], r["snapshot"]) for r in modes if r.get("snapshot")]
+    if not rows:
+        return []
+    lines = ["Memory snapshots (vramswap.dump_snapshot of the last step, read by the installed torch's "
+             "`python -m torch.cuda._memory_viz stats`):", ""]
+    for mode, s in rows:
+        read = "read" if s.get("viz_status") == 0 else f"**not read** (exit status {s.get('viz_status')})"
+        lines.append(f"- {mode}: {read}; {s.get('segments')} segments, {s.get('trace_events')} trace events, "
+                     f"{s.get('trace_evictions')} evictions and {s.get('trace_fetches')} fetches in the trace")
+    return lines + [""]
 
 
 def vmm_markdown(vmm):
