@@ -18,6 +18,7 @@ their own deleter); only later allocations go through vramswap.
 Thread safety: install_cpu() may be called from one thread at a time; afterwards
 allocations from any thread are served by vramswap (thread-safe).
 """
+import contextlib
 import ctypes
 
 from . import _config, _ext, _lib
@@ -64,6 +65,40 @@ def uninstall_cpu():
 
 def installed():
     return _installed
+
+
+@contextlib.contextmanager
+def device(index):
+    """Inside it, the calling thread's CPU tensors are allocated on cudasim's device `index`
+    (CUDASIM_DEVICE_COUNT devices; 0 outside), which is also the thread's current CUDA device
+    (cudaSetDevice), so that the legacy stream the mode uses is that device's. Emulates
+    `torch.cuda.device(index)` for the torch layer with blocks on several devices in one
+    process; a tensor keeps its device's block wherever it is used later."""
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise ValueError(f"vramswap.sim.device: {index!r} is not a device ordinal")
+    if not _installed:
+        raise RuntimeError("vramswap.sim.device: the CPU-emulation mode is not installed (install_cpu())")
+    cudart = _lib.cudart()
+    count = ctypes.c_int(0)
+    rc = cudart.cudaGetDeviceCount(ctypes.byref(count))
+    if rc != 0 or index >= count.value:
+        raise ValueError(f"vramswap.sim.device: device {index} does not exist (cudasim has {count.value}: "
+                         "CUDASIM_DEVICE_COUNT sets how many)")
+    previous = ctypes.c_int(0)
+    _check(cudart.cudaGetDevice(ctypes.byref(previous)), "cudaGetDevice")
+    ops = _ext.load()
+    _check(cudart.cudaSetDevice(index), f"cudaSetDevice({index})")
+    before = ops.set_device(index)
+    try:
+        yield
+    finally:
+        ops.set_device(before)
+        _check(cudart.cudaSetDevice(previous.value), f"cudaSetDevice({previous.value})")
+
+
+def _check(rc, what):
+    if rc != 0:
+        raise _lib.VramswapError(f"{what} failed with CUDA error {rc}")
 
 
 def synchronize():

@@ -17,6 +17,8 @@
 //       whose message is "vramswap: out of memory allocating N bytes (CPU-emulation mode): "
 //       and vramswap's report.
 //   uninstall_cpu_allocator() -> ()      back to c10's default CPU allocator
+//   set_device(int device) -> int        the calling thread's tensors come from cudasim's
+//       device `device` from now on (vramswap.sim.device()); returns the previous one
 //   storage_use_count(Tensor t) -> int   c10::StorageImpl's reference count: how many
 //       TensorImpls (and Python storage objects) hold t's storage.
 // and the tracker's pending blocks (packed, not yet cold; Note [Pending blocks]):
@@ -47,6 +49,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -64,10 +67,14 @@ std::atomic<LastErrorFn> g_last_error{nullptr};
 // allocator at the same priority.
 constexpr uint8_t kPriority = 255;
 
+// The emulated device a thread's CPU tensors are allocated on (vramswap.sim.device(n), which
+// also makes n cudasim's current device for the thread); 0 unless set.
+thread_local int t_device = 0;
+
 void vramswap_cpu_delete(void* ptr) {
-  // Device 0 and the legacy stream: the mode runs on cudasim's device 0, and torch's CPU
-  // ops are synchronous, so nothing is queued on any stream when a tensor dies.
-  if (ptr != nullptr) g_free.load()(ptr, 0, 0, nullptr);
+  // The legacy stream: torch's CPU ops are synchronous, so nothing is queued on any stream
+  // when a tensor dies. The device is a hint: vramswap finds the pool from the address.
+  if (ptr != nullptr) g_free.load()(ptr, 0, t_device, nullptr);
 }
 
 // vramswap's report of the failed allocation (the last error), without a "vramswap: " of
@@ -104,13 +111,14 @@ std::string report() {
 #define VRAMSWAP_ALLOCATE_CONST const
 #endif
 
-// c10::Allocator over vramswap_malloc/vramswap_free on device 0, legacy stream.
+// c10::Allocator over vramswap_malloc/vramswap_free on the thread's emulated device (0
+// unless vramswap.sim.device() says otherwise), legacy stream.
 struct VramswapCpuAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) VRAMSWAP_ALLOCATE_CONST override {
     if (nbytes == 0) {  // vramswap_malloc(0) is NULL; c10's alloc_cpu(0) is too
       return {nullptr, nullptr, &vramswap_cpu_delete, c10::Device(c10::DeviceType::CPU)};
     }
-    void* ptr = g_malloc.load()(nbytes, 0, nullptr);
+    void* ptr = g_malloc.load()(nbytes, t_device, nullptr);
     if (ptr == nullptr) throw_out_of_memory(nbytes);
     return {ptr, ptr, &vramswap_cpu_delete, c10::Device(c10::DeviceType::CPU)};
   }
@@ -139,6 +147,12 @@ void install_cpu_allocator(int64_t malloc_fn, int64_t free_fn, int64_t last_erro
 void uninstall_cpu_allocator() { c10::SetCPUAllocator(c10::GetDefaultCPUAllocator(), kPriority); }
 
 bool cpu_allocator_installed() { return c10::GetCPUAllocator() == allocator(); }
+
+// Sets the calling thread's emulated device; returns the one it replaces.
+int64_t set_device(int64_t device) {
+  TORCH_CHECK(device >= 0 && device <= INT32_MAX, "set_device: device ", device, " is not a device ordinal");
+  return std::exchange(t_device, static_cast<int>(device));
+}
 
 int64_t storage_use_count(const at::Tensor& t) {
   if (!t.has_storage()) return 0;
@@ -265,6 +279,7 @@ TORCH_LIBRARY(vramswap, m) {
         &install_cpu_allocator);
   m.def("uninstall_cpu_allocator() -> ()", &uninstall_cpu_allocator);
   m.def("cpu_allocator_installed() -> bool", &cpu_allocator_installed);
+  m.def("set_device(int device) -> int", &set_device);
   m.def("storage_use_count(Tensor t) -> int", &storage_use_count);
   m.def("install_cold_probe(int mark_cold_fn, int last_error_fn) -> int", &install_cold_probe);
   m.def("watch(Tensor alias, int handle, int aliases) -> ()", &watch);
