@@ -6,7 +6,8 @@ torch.cuda.device(1)), trained three SGD steps in turn with their forwards under
 vramswap.offload(). Each device has its own pool, limit and engine: at the same
 VRAMSWAP_LIMIT, 60% of one model's no-offload peak, both devices evict and fetch back, each
 stays within the limit, and both models' losses and gradients are bit-identical to runs
-without vramswap. memory_stats(0) and memory_stats(1) each report their own device.
+without vramswap. memory_stats(0) and memory_stats(1) each report their own device, and
+vramswap.sim.device() refuses a device cudasim does not have, or no ordinal, saying why.
 
 Children (`--child MODE OUT LIMIT`): ref (no vramswap), peak (vramswap, two devices, no
 limit), offload (the limit). Needs VRAMSWAP_LIBRARY / VRAMSWAP_CUDASIM_DIR as the other
@@ -42,6 +43,15 @@ def child(mode, out, limit):
             config["limit"] = str(limit)
         vramswap.sim.install_cpu(**config)
         device = vramswap.sim.device
+    if vramswap is not None:
+        refusals = {}
+        for bad in (2, -1, "1"):
+            try:
+                with device(bad):
+                    pass
+                refusals[str(bad)] = "accepted"
+            except ValueError as e:
+                refusals[str(bad)] = str(e)
     runs = []
     for d in (0, 1):
         with device(d):
@@ -64,6 +74,7 @@ def child(mode, out, limit):
     result = {"losses": losses}
     if vramswap is not None:
         result["stats"] = {d: vramswap.memory_stats(d) for d in (0, 1)}
+        result["refusals"] = refusals
     torch.save({d: models.gradients(model) for d, model, _, _ in runs}, out + ".pt")
     with open(out + ".json", "w") as f:
         json.dump(result, f)
@@ -109,6 +120,11 @@ def main(argv):
             check(s["reserved_bytes.all.peak"] <= limit,
                   f"device {d}: peak reserved {s['reserved_bytes.all.peak'] / MIB:.1f} MiB <= {limit / MIB:.0f} MiB")
             check(s["device"] == d, f"memory_stats({d}) reports device {s['device']}")
+        refusals = got["refusals"]
+        check("does not exist" in refusals["2"] and "CUDASIM_DEVICE_COUNT" in refusals["2"],
+              f"vramswap.sim.device(2) with two devices is refused, saying why ({refusals['2']})")
+        check(all("not a device ordinal" in refusals[k] for k in ("-1", "1")),
+              f"a negative or non-int device is refused ({refusals['-1']}; {refusals['1']})")
     return check.finish()
 
 
