@@ -123,9 +123,11 @@ void* DevicePool::Impl::allocate(size_t size, cudaStream_t stream, std::string* 
   check_caches(rounded);
   poll_before_allocating();
   void* p = nullptr;
+  // Other threads' cached blocks join the quick lists first, so that an allocation of a size
+  // another thread freed takes that block as it would with no caches; a miss then merges
+  // the quick lists so that best fit sees every cached block (Note [Thread caches]).
+  caches_to_quick();
   if (quick_blocks_) p = take_quick(rounded, stream, false);
-  // A miss: merge the quick lists and every thread's cache so that best fit sees every
-  // cached block (Note [Thread caches]).
   if (!p) flush_quick();
   if (!p) p = allocate_slow(size, rounded, stream, false, false, lock, error);
   if (p && caches_on_.load(std::memory_order_relaxed)) lend(p, rounded, stream);

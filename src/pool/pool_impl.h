@@ -556,6 +556,9 @@ class DevicePool::Impl {
   // Gives the pool every thread's cached blocks (the caches stay on): on a miss, with the
   // quick lists (flush_quick; Note [Thread caches]).
   void empty_caches();
+  // Moves every thread's cached blocks to the pool's quick lists (a full list releases the
+  // block, as a free would); the caches stay on. Before a miss's take_quick.
+  void caches_to_quick();
   // The block is lent to no cache any more (lent_ forgets it).
   void unlend(BlockIt b) {
     if (b->second.owner == nullptr) return;

@@ -63,15 +63,19 @@ thread_local ThreadCachesReaper tls_reaper;
 // caches_off() empties every cache and the pool never lends again; its placement rules,
 // pressure measures and records then see every block as they always did. A single thread
 // gets the same blocks in the same places as from the pool's quick lists; with several
-// threads, any thread's miss empties every cache into the free index, as a miss merges the
-// quick lists (flush_quick), so that best fit sees every freed block as it would with no
-// caches. Emptying only the missing thread's own cache cost memory on a GPU: autograd's
-// device thread frees the forward's activations into the forward thread's cache, and its
-// own allocations, placed by best fit beside them, mapped new pages (H200, torch 2.11, no
-// limit: the GPU suite's step peaked at 36.08 GiB reserved with the caches, 34.08 without,
-// torch's allocator 34.09; tests/pool/thread_cache_test.cpp has the pattern). The peak of
-// allocated bytes may count other threads' cached blocks as allocated (it never misses a
-// peak).
+// threads, any thread's miss first moves every cache's blocks to the quick lists
+// (caches_to_quick), takes one of its size from there (the last freed first) and only then
+// merges the quick lists for best fit (flush_quick): what another thread freed is reused
+// exactly as with no caches. Emptying only the missing thread's own cache cost memory on a
+// GPU: autograd's device thread frees the forward's activations into the forward thread's
+// cache, and its own allocations, placed by best fit beside them, mapped new pages (H200,
+// torch 2.11, no limit: the GPU suite's step peaked at 36.08 GiB reserved with the caches,
+// 34.08 without, torch's allocator 34.09). Merging every cache into the free index on a
+// miss was half the cure: best fit over the merged blocks is not the quick lists' exact
+// reuse (bench/autograd_threads.py, the backward on a thread of its own: reserved with the
+// caches 1.185x the peak without them, 1.092x after merging, 1.000x now;
+// tests/pool/thread_cache_test.cpp has both patterns). The peak of allocated bytes may count
+// other threads' cached blocks as allocated (it never misses a peak).
 ThreadCache* DevicePool::Impl::own_cache_or_make() {
   if (ThreadCache* c = own_cache()) return c;
   if (tls_caches_gone) return nullptr;  // the thread is exiting
@@ -115,6 +119,30 @@ void DevicePool::Impl::empty_thread_cache(ThreadCache& c, bool disown) {
 void DevicePool::Impl::empty_caches() {
   for (auto& c : caches_)
     if (c->cached_blocks_now() > 0) empty_thread_cache(*c, false);
+}
+
+void DevicePool::Impl::caches_to_quick() {
+  for (auto& c : caches_) {
+    if (c->cached_blocks_now() == 0) continue;
+    c->lock();
+    c->drain_cached([&](uintptr_t addr, uint64_t rounded, cudaStream_t stream) {
+      BlockIt b = blocks_.find(addr);
+      allocated_ -= rounded;
+      count_on_granules(addr, rounded, 0, -1);
+      auto& list = quick_[{stream, rounded, false}];
+      if (list.size() >= kQuickPerSize) {
+        release_block(b, stream);
+        return;
+      }
+      unlend(b);
+      b->second.state = State::kQuick;
+      b->second.tag = stream;
+      b->second.also_on.clear();
+      list.push_back(b);
+      ++quick_blocks_;
+    });
+    c->unlock();
+  }
 }
 
 void DevicePool::Impl::lend(void* p, uint64_t rounded, cudaStream_t stream) {
