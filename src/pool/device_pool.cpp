@@ -33,7 +33,7 @@ DevicePool::Impl::Impl(const PoolOptions& options)
 }
 
 void DevicePool::Impl::flush_quick() {
-  empty_caches();
+  caches_to_quick();
   if (quick_blocks_ == 0) return;
   for (auto& [key, list] : quick_)
     for (BlockIt b : list) release_block(b, key.stream);
@@ -73,6 +73,17 @@ void* DevicePool::Impl::take(BlockIt b, uintptr_t start, uint64_t size, cudaStre
   ++num_allocs_;
   if (!mapped_new) ++num_cache_hits_;
   return reinterpret_cast<void*>(b->first);
+}
+
+bool DevicePool::Impl::push_quick(BlockIt b, cudaStream_t stream) {
+  auto& list = quick_[{stream, b->second.size, b->second.offloadable}];
+  if (list.size() >= kQuickPerSize) return false;
+  b->second.state = State::kQuick;
+  b->second.tag = stream;
+  b->second.also_on.clear();
+  list.push_back(b);
+  ++quick_blocks_;
+  return true;
 }
 
 void* DevicePool::Impl::take_quick(uint64_t rounded, cudaStream_t stream, bool offloadable) {
@@ -348,16 +359,10 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
     promotions_.push_back({addr, serial, stream, std::move(events.front())});
   } else if (!events.empty()) {
     hold_back(b, std::move(events), to_any ? kAnyStream : stream);
-  } else if (auto& list = quick_[{stream, block.size, block.offloadable}];
-             !to_any && !block.away && !(block.offloadable && block.size >= granularity_ / 2) &&  // own span
-             !own_cache_full && list.size() < kQuickPerSize) {
-    block.state = State::kQuick;
-    block.tag = stream;
-    block.also_on.clear();
-    list.push_back(b);
-    ++quick_blocks_;
   } else {
-    release_block(b, stream);
+    const bool quick = !to_any && !block.away && !(block.offloadable && block.size >= granularity_ / 2) &&  // own span
+                       !own_cache_full;
+    if (!quick || !push_quick(b, stream)) release_block(b, stream);
   }
   return {};
 }

@@ -285,6 +285,9 @@ class DevicePool::Impl {
   void count_on_granules(uintptr_t addr, uint64_t size, int row, int delta);
   // The quick path of allocate(): a block quick-listed for (stream, rounded), or nullptr.
   void* take_quick(uint64_t rounded, cudaStream_t stream, bool offloadable);
+  // Puts the freed block on its quick list for `stream` (the last freed is taken first);
+  // false, nothing changed, when that list is full.
+  bool push_quick(BlockIt b, cudaStream_t stream);
   // True when `block` needs no pages under it: free for any stream, or live and away (a
   // pending block, or one free for a stream, may still be touched by queued work).
   static bool needs_no_pages(const Block& block);
@@ -399,7 +402,8 @@ class DevicePool::Impl {
   // (PoolOptions::captures) and `caller` is not capturing (any stream capturing on the device
   // would be invalidated, in every capture mode).
   bool device_synchronization_allowed(cudaStream_t caller) const;
-  // Merges every quick-listed block into the free index (slow paths need the whole picture).
+  // Merges every quick-listed and thread-cached block into the free index (slow paths need
+  // the whole picture).
   void flush_quick();
   // The live block starting at `ptr`, or end() with *refusal saying why not (foreign,
   // double free, interior pointer).
@@ -549,16 +553,16 @@ class DevicePool::Impl {
   }
   // Every cache's cached bytes (each locked in turn).
   uint64_t cached_in_threads() const;
-  // Gives the pool `c`'s cached blocks back (freed for their streams); with `disown`, its
-  // live blocks too (the pool's again, freed the slow way), and its counters (the cache is
-  // dropped next).
-  void empty_thread_cache(ThreadCache& c, bool disown);
-  // Gives the pool every thread's cached blocks (the caches stay on): on a miss, with the
-  // quick lists (flush_quick; Note [Thread caches]).
-  void empty_caches();
+  // Gives the pool `c`'s blocks back: its cached ones freed for their streams, its live ones
+  // the pool's again (freed the slow way), and its counters (the cache is dropped next).
+  void empty_thread_cache(ThreadCache& c);
   // Moves every thread's cached blocks to the pool's quick lists (a full list releases the
-  // block, as a free would); the caches stay on. Before a miss's take_quick.
+  // block, as a free would); the caches stay on. On a miss, before take_quick, and by
+  // flush_quick (Note [Thread caches]).
   void caches_to_quick();
+  // `c`'s cached blocks (c locked) back to the pool: onto the quick lists where `to_quick`
+  // and there is room, else freed for their streams.
+  void take_cached(ThreadCache& c, bool to_quick);
   // The block is lent to no cache any more (lent_ forgets it).
   void unlend(BlockIt b) {
     if (b->second.owner == nullptr) return;

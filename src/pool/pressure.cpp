@@ -66,7 +66,6 @@ bool DevicePool::Impl::relieve(Relief relief, uint64_t bytes, cudaStream_t strea
 void DevicePool::Impl::empty_cache() {
   std::unique_lock lock(mu_);
   poll_pending();
-  for (auto& c : caches_) empty_thread_cache(*c, false);
   flush_quick();
   synchronize_and_retire(lock, kAnyStream);
   unmap_unused(UINT64_MAX);

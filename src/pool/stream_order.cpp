@@ -136,7 +136,7 @@ Result DevicePool::Impl::stream_destroyed(cudaStream_t stream) {
   // outlive that call.
   synced_.wait(lock, [&] { return std::find(syncing_.begin(), syncing_.end(), stream) == syncing_.end(); });
   open_.erase(stream);
-  for (auto& c : caches_) empty_thread_cache(*c, true);  // every block the pool's to retag
+  for (auto& c : caches_) empty_thread_cache(*c);  // every block the pool's to retag
   flush_quick();
   auto names = [&](const Block& b) {
     return b.state == State::kLive &&

@@ -99,48 +99,31 @@ uint64_t DevicePool::Impl::cached_in_threads() const {
   return bytes;
 }
 
-void DevicePool::Impl::empty_thread_cache(ThreadCache& c, bool disown) {
-  c.lock();
+void DevicePool::Impl::take_cached(ThreadCache& c, bool to_quick) {
   c.drain_cached([&](uintptr_t addr, uint64_t rounded, cudaStream_t stream) {
     BlockIt b = blocks_.find(addr);
     allocated_ -= rounded;
     count_on_granules(addr, rounded, 0, -1);
-    release_block(b, stream);
+    unlend(b);
+    if (!to_quick || !push_quick(b, stream)) release_block(b, stream);
   });
-  if (disown) {
-    c.drain_live([&](uintptr_t addr) { unlend(blocks_.find(addr)); });
-    num_allocs_ += c.allocs;
-    num_cache_hits_ += std::exchange(c.allocs, 0);
-    num_frees_ += std::exchange(c.frees, 0);
-  }
-  c.unlock();
 }
 
-void DevicePool::Impl::empty_caches() {
-  for (auto& c : caches_)
-    if (c->cached_blocks_now() > 0) empty_thread_cache(*c, false);
+void DevicePool::Impl::empty_thread_cache(ThreadCache& c) {
+  c.lock();
+  take_cached(c, false);
+  c.drain_live([&](uintptr_t addr) { unlend(blocks_.find(addr)); });
+  num_allocs_ += c.allocs;
+  num_cache_hits_ += std::exchange(c.allocs, 0);
+  num_frees_ += std::exchange(c.frees, 0);
+  c.unlock();
 }
 
 void DevicePool::Impl::caches_to_quick() {
   for (auto& c : caches_) {
     if (c->cached_blocks_now() == 0) continue;
     c->lock();
-    c->drain_cached([&](uintptr_t addr, uint64_t rounded, cudaStream_t stream) {
-      BlockIt b = blocks_.find(addr);
-      allocated_ -= rounded;
-      count_on_granules(addr, rounded, 0, -1);
-      auto& list = quick_[{stream, rounded, false}];
-      if (list.size() >= kQuickPerSize) {
-        release_block(b, stream);
-        return;
-      }
-      unlend(b);
-      b->second.state = State::kQuick;
-      b->second.tag = stream;
-      b->second.also_on.clear();
-      list.push_back(b);
-      ++quick_blocks_;
-    });
+    take_cached(*c, true);
     c->unlock();
   }
 }
@@ -158,7 +141,7 @@ void DevicePool::Impl::lend(void* p, uint64_t rounded, cudaStream_t stream) {
 void DevicePool::Impl::caches_off() {
   caches_on_.store(false, std::memory_order_release);
   for (auto& c : caches_) {
-    empty_thread_cache(*c, true);
+    empty_thread_cache(*c);
     c->dead.store(true, std::memory_order_release);  // its thread drops it at its next registration
     retire(std::move(c));
   }
@@ -178,7 +161,7 @@ void DevicePool::Impl::reap_orphans() {
       ++i;
       continue;
     }
-    empty_thread_cache(*caches_[i], true);
+    empty_thread_cache(*caches_[i]);
     retire(std::move(caches_[i]));
     caches_[i] = std::move(caches_.back());
     caches_.pop_back();

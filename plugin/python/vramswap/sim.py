@@ -105,6 +105,4 @@ def synchronize():
     """Waits for the legacy stream (cudaStreamSynchronize(0)) in the CPU-emulation mode."""
     cudart = _lib.cudart()
     if cudart is not None:
-        rc = cudart.cudaStreamSynchronize(None)
-        if rc != 0:
-            raise _lib.VramswapError(f"cudaStreamSynchronize(0) failed with CUDA error {rc}")
+        _check(cudart.cudaStreamSynchronize(None), "cudaStreamSynchronize(0)")
