@@ -178,8 +178,10 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * num_planned_steps (steps that followed the plan of the step before to their end,
  * VRAMSWAP_PLAN), num_plan_divergences (steps that stopped following it: a different
  * step), num_plan_backoffs (planned steps slower than the reactive policy's, each sending
- * the next steps back to it for a while), planned_bytes_d2h (bytes the plan's evictions
- * copied out), disk_bytes (evicted blocks on the disk tier now, VRAMSWAP_DISK_DIR),
+ * the next steps back to it for a while), num_plan_fetch_moves (planned fetches moved
+ * earlier because they landed late while the copy stream idled before them),
+ * num_plan_fetch_moves_undone (of those, moved back because the step was slower),
+ * planned_bytes_d2h (bytes the plan's evictions copied out), disk_bytes (evicted blocks on the disk tier now, VRAMSWAP_DISK_DIR),
  * disk_bytes_written (moved from pinned memory to it), disk_bytes_read (brought back),
  * disk_bytes_read_ahead (of those, read back ahead of use, while compute ran),
  * disk_bytes_written_ahead (of disk_bytes_written, written ahead of need, while compute ran),
@@ -196,7 +198,7 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * host_vmm_released_bytes (what the VMM calls did: bytes given pages by cuMemMap, taken
  * them by cuMemUnmap, bytes of pages created by cuMemCreate and released by cuMemRelease),
  * all process-wide, then "devices": an array with one object per
- * device that has a pool ({"device": ordinal, the same 41 keys, num_free_blocks,
+ * device that has a pool ({"device": ordinal, the same 43 keys, num_free_blocks,
  * va_reserved_bytes}). Thread-safe; a reading taken during allocations on other threads
  * is consistent per device, not across devices. */
 size_t vramswap_stats_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;

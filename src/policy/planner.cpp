@@ -76,10 +76,13 @@ Risk plan_without(const RecordedStep& step, const PlanOptions& options, const st
   plan.planned_bytes = 0;
   plan.shortfall_bytes = 0;
   plan.num_victims = 0;
-  // The out range of block b: points (cold, last], last = use - 1 (use kNoPoint: the end).
+  // The out range of block b: points (cold, last], last = use - 1 (use kNoPoint: the end),
+  // or the point its fetch must start after at the latest (fetch_by), when that is sooner.
   // (A use point at or before the cold point, which a recording never holds, leaves no range.)
   auto last_out = [&](const StepBlock& b) -> uint32_t {
-    return b.use == kNoPoint || b.use > n ? n - 1 : (b.use == 0 ? 0 : b.use - 1);
+    const uint32_t last = b.use == kNoPoint || b.use > n ? n - 1 : (b.use == 0 ? 0 : b.use - 1);
+    const size_t i = size_t(&b - step.blocks.data());
+    return i < options.fetch_by.size() ? std::min(last, options.fetch_by[i]) : last;
   };
   auto may_leave = [&](const StepBlock& b) {
     return b.bytes > 0 && b.cold != kNoPoint && b.use != 0 && uint64_t(b.cold) + 1 <= last_out(b);

@@ -57,8 +57,11 @@
 // first (the least wait), counted as out from their cold point on, rather than bytes left to
 // the reactive policy, which would evict beyond the plan and wait too. Without times the
 // plan goes by the order of points alone. Fetches are placed by memory only; the engine's
-// feedback (`extra`: bytes an allocation still had to wait for at a point beyond the
-// evictions under way, added to that point next step) corrects what the plan gets wrong.
+// feedback corrects what the plan gets wrong: `extra` (bytes an allocation still had to
+// wait for at a point beyond the evictions under way, added to that point next step), and
+// `fetch_by` (a point a victim's fetch must start after at the latest: its range out ends
+// there, for a fetch that landed late on the device; Note [Late fetches] in
+// step_recorder.h).
 //
 // Thread safety: pure functions on values.
 #pragma once
@@ -97,6 +100,9 @@ struct PlanOptions {
                                    // bytes a plan of smaller victims saves
   int smaller_victim_trials = 8;   // how many of the largest victims make_plan tries to
                                    // replace by smaller blocks (0: Belady's victims as chosen)
+  std::vector<uint32_t> fetch_by{};  // per block (shorter: kNoPoint past its end): a victim's
+                                   // fetch starts after this point at the latest (feedback
+                                   // from a fetch that landed late); kNoPoint: no constraint
 };
 
 struct Plan {

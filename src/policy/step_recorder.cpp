@@ -109,6 +109,10 @@ void StepRecorder::end_step() {
   } else {
     if (following_) ++divergences_;  // the step ended before the recording did
     extra_.clear();
+    fetch_by_.clear();
+    moved_.clear();
+    settled_.clear();
+    planned_ns_ = 0;
   }
   following_ = false;
   recorded_points_ = step_.demand.size();
@@ -117,7 +121,7 @@ void StepRecorder::end_step() {
   plan_pending_ = true;
 }
 
-void StepRecorder::plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns) {
+void StepRecorder::plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns, const std::vector<LateFetch>& late) {
   if (!plan_pending_) return;
   plan_pending_ = false;
   if (!time_ns.empty()) {
@@ -133,9 +137,10 @@ void StepRecorder::plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns)
     } else {
       losses_ = 0;
     }
+    if (ended_planned_) move_late_fetches(took, time_ns, late);
   }
   step_.time_ns = std::move(time_ns);
-  plan_ = make_plan(step_, PlanOptions{limit_, 0, extra_, bytes_per_ns, kVictimCostNs});
+  plan_ = make_plan(step_, PlanOptions{limit_, 0, extra_, bytes_per_ns, kVictimCostNs, 8, fetch_by_});
   fetches_.assign(recorded_points_, {});
   std::vector<uint32_t> victims;
   for (uint32_t b = 0; b < plan_.fetch_at.size(); ++b)
@@ -145,6 +150,41 @@ void StepRecorder::plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns)
   for (uint32_t b : victims) fetches_[plan_.fetch_at[b]].push_back(b);
   recorded_use_.resize(step_.blocks.size());
   for (size_t b = 0; b < step_.blocks.size(); ++b) recorded_use_[b] = step_.blocks[b].use;
+}
+
+// Note [Late fetches] in step_recorder.h.
+void StepRecorder::move_late_fetches(uint64_t took, const std::vector<uint64_t>& time_ns,
+                                     const std::vector<LateFetch>& late) {
+  fetch_by_.resize(step_.blocks.size(), kNoPoint);
+  settled_.resize(step_.blocks.size(), 0);
+  if (!moved_.empty()) {
+    // A move copies more out (other victims take the moved one's place): it stays only where
+    // the step got faster by it.
+    const bool faster = planned_ns_ > 0 && double(took) < 0.999 * double(planned_ns_);
+    if (!faster) {
+      for (const Move& m : moved_) {
+        fetch_by_[m.block] = m.before;
+        settled_[m.block] = 1;
+      }
+      fetch_moves_undone_ += moved_.size();
+    }
+    moved_.clear();
+    if (!faster) return;  // the plan before the moves, as it was
+  }
+  planned_ns_ = took;
+  for (const LateFetch& f : late) {
+    if (f.block >= step_.blocks.size() || settled_[f.block] || f.block >= plan_.fetch_at.size()) continue;
+    const uint32_t now = plan_.fetch_at[f.block];
+    if (now == kNoPoint) continue;  // not one of the plan's fetches
+    // The last point the device reached by then.
+    const auto it = std::upper_bound(time_ns.begin(), time_ns.end(), f.start_by_ns);
+    if (it == time_ns.begin()) continue;
+    const uint32_t by = uint32_t(it - time_ns.begin() - 1);
+    if (by >= std::min(now, fetch_by_[f.block])) continue;  // it starts by then already
+    moved_.push_back({f.block, fetch_by_[f.block]});
+    fetch_by_[f.block] = by;
+    ++fetch_moves_;
+  }
 }
 
 std::string StepRecorder::describe() const {

@@ -33,6 +33,36 @@
 // reactive policy (recorded, not following) for 2, 4, 8 ... up to 64 steps before the plan
 // is tried again; a planned step that is not slower ends the back-off.
 //
+// Note [Late fetches]
+// -------------------
+// Capuchin's other feedback: a fetch that landed late moves earlier next step. "Late" is
+// measured on the device: following a plan, the engine times each copy back on the copy
+// stream (events before and after it) and, when a block is used while its copy is in
+// flight, the using stream just before it waits. A fetch is late by how much its copy ended
+// after that use; it could have landed sooner only if the copy stream idled before it
+// started (the copies ahead of it ended earlier): the lesser of the two is what an earlier
+// start could win. A fetch late for want of bandwidth (the copies back run end to end) is
+// not moved: an earlier start would only queue behind them, while the victims the move
+// needs (below) add copies both ways. A planned fetch is late on the device where the
+// memory the plan gives it is freed by the compute stream shortly before the block's use
+// (the copy waits for those frees). Moving it earlier pays only where the victims that
+// take its place are out by then as far as the host knows: their copies landed and the
+// host has seen it, having waited for the device since (loss.item(), a value checked on the
+// host). A host far ahead of the device learns of those copies too late, and the move gains
+// nothing (it is undone, below). In the benchmark's generated steps no planned fetch is late
+// on the device and `vramswap bench all` moves none (the engine's num_late_prefetches counts
+// uses the host reached before the copy ended, not the device); tests/bench_py/
+// test_late_fetch.py has a step where the move pays and two where it does not.
+//
+// The move: the step's last point whose time on the device is no later than the copy's
+// start less what it could win becomes the block's fetch_by (PlanOptions::fetch_by): its
+// range out ends there, and the next plan covers the points after with other victims (or
+// leaves them uncovered when nothing can). A move stays only when the step with it is
+// faster than the planned step before it (by 0.1%); otherwise it is undone and the block
+// is never moved again while the step repeats (a move that gains nothing still copies more
+// out). A divergence forgets the moves with the recording. The move only acts from the
+// third step on (recorded, planned and late, then moved).
+//
 // Thread safety: none; the engine's mutex guards it.
 #pragma once
 
@@ -53,6 +83,15 @@ enum class PointKind : uint8_t { kGraph, kAlloc, kPack, kCold, kUnpack, kRelease
 // whatever its size, and a victim's pages are one allocation (Note [Runs] in
 // pool/granules.cpp).
 constexpr uint64_t kVictimCostNs = 100'000;
+
+// A planned fetch that landed after its block was needed, measured on the device: the block
+// (its ordinal in the step) and the time (ns from the step's first point) by which the fetch
+// should have started to land in time, as far as the copy stream, idle before it started,
+// would have let it.
+struct LateFetch {
+  uint32_t block = kNoPoint;
+  uint64_t start_by_ns = 0;
+};
 
 class StepRecorder {
  public:
@@ -79,8 +118,9 @@ class StepRecorder {
   bool plan_pending() const { return plan_pending_; }
   // Makes the next step's plan from the step that ended, with its points' times (ns from
   // the step's start, one per point; empty: unknown) and the device-to-host copy rate (0:
-  // unknown). begin_step() makes it without times when the engine did not.
-  void plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns);
+  // unknown). begin_step() makes it without times when the engine did not. `late`: the
+  // step's planned fetches that landed late (feedback: Note [Late fetches]).
+  void plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns, const std::vector<LateFetch>& late = {});
 
   // The ordinal in the current step of a block packed for the first time in it.
   uint32_t new_block(uint64_t bytes);
@@ -126,6 +166,9 @@ class StepRecorder {
   // True when the step that began last runs reactive because of a back-off.
   bool backing_off() const { return skipping_; }
   uint64_t num_divergences() const { return divergences_; }
+  // Fetches moved earlier for landing late, and moves undone because the step was slower.
+  uint64_t num_fetch_moves() const { return fetch_moves_; }
+  uint64_t num_fetch_moves_undone() const { return fetch_moves_undone_; }
   // The points of the step that ended last (the recording the plan is made from).
   size_t recorded_points() const { return recorded_points_; }
   // The plan being followed (or to be followed by the next step).
@@ -141,6 +184,7 @@ class StepRecorder {
     bool operator==(const Point&) const = default;
   };
   void diverge();
+  void move_late_fetches(uint64_t took, const std::vector<uint64_t>& time_ns, const std::vector<LateFetch>& late);
 
   const bool enabled_;
   const uint64_t limit_;
@@ -159,6 +203,14 @@ class StepRecorder {
   size_t recorded_points_ = 0;
   std::vector<Point> recorded_shape_;
   std::vector<uint64_t> extra_;   // feedback carried into the plan
+  std::vector<uint32_t> fetch_by_;  // feedback carried into the plan: PlanOptions::fetch_by
+  struct Move {
+    uint32_t block, before;  // the block's fetch_by before the move
+  };
+  std::vector<Move> moved_;         // moves made for the step now following the plan
+  std::vector<uint8_t> settled_;    // per block: a move was undone, never moved again
+  uint64_t planned_ns_ = 0;         // how long the last planned step without new moves took
+  uint64_t fetch_moves_ = 0, fetch_moves_undone_ = 0;
   Plan plan_;
   std::vector<std::vector<uint32_t>> fetches_;
   std::vector<uint32_t> recorded_use_;  // per block of the recording: its use point

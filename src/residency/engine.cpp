@@ -349,6 +349,7 @@ Status Engine::Impl::bring_in(uint32_t slot, cudaStream_t stream, const policy::
       if (!s->copy_event.query()) {
         ++st_.num_late_prefetches;
         debug("used while its fetch is in flight (late)", *s);
+        if (!capturing) time_use_of_fetch(*s, stream);
       }
       break;
   }

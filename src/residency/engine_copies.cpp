@@ -356,6 +356,8 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
   cuda::Event copied;
   try {
     copied = events_.acquire();
+    cuda::Event started;
+    time_fetch_start(&started);
     cuda::copy_async(addr, s.host, s.requested, h2d_.get());
     if (options_.verify) {
       // Read the restored block back before anyone can use it (readers wait for the event
@@ -365,6 +367,7 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
       if (check) cuda::copy_async(check, addr, s.requested, h2d_.get());
     }
     copied.record(h2d_.get());
+    time_fetch_end(s, std::move(started));
   } catch (const cuda::CudaError& e) {
     // The block stays on the host, unmapped as it was, so that a later call can try again.
     if (copied) events_.release(std::move(copied));

@@ -36,6 +36,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "config/units.h"
@@ -433,6 +434,22 @@ class Engine::Impl : private policy::ReactiveEngine {
   };
   std::vector<TimedCopy> timed_copies_;
   static constexpr size_t kTimedCopies = 16;  // per step
+  // Following a plan, every copy back is timed, and the stream that used its block is timed
+  // just before waiting for it: which fetches landed late, and whether the copy stream idled
+  // before they started (Note [Late fetches] in policy/step_recorder.h).
+  struct TimedFetch {
+    uint32_t block;  // its ordinal in the step (kNoPoint: none)
+    cuda::Event start, end, used;  // `used`: none until the block is used while in flight
+  };
+  std::vector<TimedFetch> timed_fetches_;
+  std::unordered_map<uint32_t, uint32_t> timed_fetch_of_;  // block ordinal -> its latest
+  static constexpr size_t kTimedFetches = 4096;  // per step
+  static constexpr uint64_t kLateFetchNs = 1000;  // less is noise: no move
+  void time_fetch_start(cuda::Event* start);
+  void time_fetch_end(const Slot& s, cuda::Event start);
+  void time_use_of_fetch(const Slot& s, cudaStream_t stream);
+  std::vector<policy::LateFetch> late_fetches(const cuda::Event& first);
+  void release_step_timing();
   // Timed points per step: past them, points take the time of the last timed one (a step of
   // a quarter million engine calls would otherwise hold as many CUDA events).
   static constexpr size_t kTimedPoints = size_t(1) << 15;

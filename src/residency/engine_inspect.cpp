@@ -15,6 +15,8 @@ EngineStats Engine::Impl::stats() {
   s.num_planned_steps = recorder_.num_planned_steps();
   s.num_plan_divergences = recorder_.num_divergences();
   s.num_plan_backoffs = recorder_.num_backoffs();
+  s.num_plan_fetch_moves = recorder_.num_fetch_moves();
+  s.num_plan_fetch_moves_undone = recorder_.num_fetch_moves_undone();
   const pool::PoolStats ps = pool_.stats();
   s.resident_bytes = ps.mapped_bytes;
   s.peak_resident_bytes = ps.peak_mapped_bytes;

@@ -48,6 +48,7 @@ void Engine::Impl::note_point(policy::PointKind kind, uint32_t block, uint64_t b
 
 void Engine::Impl::plan_next_step() {
   std::vector<uint64_t> times;
+  std::vector<policy::LateFetch> late;
   if (recorder_.plan_pending()) {
     try {
       uint64_t bytes = 0, ns = 0;
@@ -68,16 +69,22 @@ void Engine::Impl::plan_next_step() {
             t = std::max(t, cuda::elapsed_ns(first, point_events_[k].second));
           times[p] = t;
         }
+        late = late_fetches(first);
       }
     } catch (const std::exception& e) {
       stats::log(stats::LogLevel::kDebug, "device %d: reading the step's times failed: %s (planning without them)",
                  device_, e.what());
       times.clear();
+      late.clear();
     }
-    recorder_.plan_next(std::move(times), bytes_per_ns_);
-    stats::log(stats::LogLevel::kDebug, "device %d: plan: %s, copy rate %.1f GB/s", device_,
-               recorder_.describe().c_str(), bytes_per_ns_);
+    recorder_.plan_next(std::move(times), bytes_per_ns_, late);
+    stats::log(stats::LogLevel::kDebug, "device %d: plan: %s, copy rate %.1f GB/s; %zu fetches late with the copy "
+               "stream idle before them", device_, recorder_.describe().c_str(), bytes_per_ns_, late.size());
   }
+  release_step_timing();
+}
+
+void Engine::Impl::release_step_timing() {
   for (auto& [p, e] : point_events_) timed_.release(std::move(e));
   point_events_.clear();
   for (TimedCopy& c : timed_copies_) {
@@ -85,6 +92,74 @@ void Engine::Impl::plan_next_step() {
     timed_.release(std::move(c.end));
   }
   timed_copies_.clear();
+  for (TimedFetch& f : timed_fetches_) {
+    timed_.release(std::move(f.start));
+    timed_.release(std::move(f.end));
+    if (f.used) timed_.release(std::move(f.used));
+  }
+  timed_fetches_.clear();
+  timed_fetch_of_.clear();
+}
+
+// Note [Late fetches] in policy/step_recorder.h. Best effort: a timing that fails times
+// nothing, and the fetch goes on.
+void Engine::Impl::time_fetch_start(cuda::Event* start) {
+  // Every copy back is timed (a block outside the step too: the copy stream was busy then).
+  if (!recorder_.following() || timed_fetches_.size() >= kTimedFetches) return;
+  try {
+    cuda::Event e = timed_.acquire();
+    e.record(h2d_.get());
+    *start = std::move(e);
+  } catch (const std::exception& e) {
+    stats::log(stats::LogLevel::kDebug, "device %d: timing a fetch failed: %s", device_, e.what());
+  }
+}
+
+void Engine::Impl::time_fetch_end(const Slot& s, cuda::Event start) {
+  if (!start) return;
+  try {
+    cuda::Event end = timed_.acquire();
+    end.record(h2d_.get());
+    if (s.step_block != policy::kNoPoint) timed_fetch_of_[s.step_block] = uint32_t(timed_fetches_.size());
+    timed_fetches_.push_back({s.step_block, std::move(start), std::move(end), cuda::Event()});
+  } catch (const std::exception& e) {
+    timed_.release(std::move(start));
+    stats::log(stats::LogLevel::kDebug, "device %d: timing a fetch failed: %s", device_, e.what());
+  }
+}
+
+void Engine::Impl::time_use_of_fetch(const Slot& s, cudaStream_t stream) {
+  if (!stream || stream == pool::any_stream()) return;
+  const auto it = timed_fetch_of_.find(s.step_block);
+  if (it == timed_fetch_of_.end() || timed_fetches_[it->second].used) return;
+  try {
+    cuda::Event e = timed_.acquire();
+    e.record(stream);
+    timed_fetches_[it->second].used = std::move(e);
+  } catch (const std::exception& e) {
+    stats::log(stats::LogLevel::kDebug, "device %d: timing a use failed: %s", device_, e.what());
+  }
+}
+
+// The fetches that landed after their block's stream got to its use, although the copy
+// stream idled before they started: each should have started earlier by the lesser of the
+// two (it would have landed that much sooner, the copies before it unchanged).
+std::vector<policy::LateFetch> Engine::Impl::late_fetches(const cuda::Event& first) {
+  std::vector<policy::LateFetch> late;
+  uint64_t copies_done = 0;  // when the copies back before this one had all landed
+  for (TimedFetch& f : timed_fetches_) {
+    f.end.synchronize();
+    const uint64_t start = cuda::elapsed_ns(first, f.start), end = cuda::elapsed_ns(first, f.end);
+    if (f.used && f.block != policy::kNoPoint) {
+      const uint64_t used = cuda::elapsed_ns(first, f.used);
+      if (end > used && start > copies_done) {
+        const uint64_t earlier = std::min(end - used, start - copies_done);
+        if (earlier >= kLateFetchNs) late.push_back({f.block, start - earlier});
+      }
+    }
+    copies_done = std::max(copies_done, end);
+  }
+  return late;
 }
 
 // The plan's fetches due after point `p`, and those due earlier that found no memory then:

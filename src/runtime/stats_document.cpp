@@ -51,6 +51,8 @@ const Counter kCounters[] = {
     VRAMSWAP_ENGINE_COUNTER(num_planned_steps),
     VRAMSWAP_ENGINE_COUNTER(num_plan_divergences),
     VRAMSWAP_ENGINE_COUNTER(num_plan_backoffs),
+    VRAMSWAP_ENGINE_COUNTER(num_plan_fetch_moves),
+    VRAMSWAP_ENGINE_COUNTER(num_plan_fetch_moves_undone),
     VRAMSWAP_ENGINE_COUNTER(planned_bytes_d2h),
     VRAMSWAP_ENGINE_COUNTER(disk_bytes),
     VRAMSWAP_ENGINE_COUNTER(disk_bytes_written),

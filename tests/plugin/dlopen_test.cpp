@@ -910,6 +910,8 @@ TEST_F(Plugin, StatsJsonHasTheEngineKeysInTotalsAndPerDevice) {
                         "num_planned_steps",
                         "num_plan_divergences",
                         "num_plan_backoffs",
+                        "num_plan_fetch_moves",
+                        "num_plan_fetch_moves_undone",
                         "planned_bytes_d2h",
                         "num_invalid_frees",
                         "host_wait_ns",

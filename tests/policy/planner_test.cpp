@@ -161,6 +161,29 @@ TEST(MakePlanVictimCost, SmallerVictimsMustSaveMoreThanTheyCost) {
   EXPECT_EQ(1u, costly.num_victims);
 }
 
+// Feedback from a fetch that landed late (step_recorder.h): its fetch must start by a point
+// named in PlanOptions::fetch_by. X = 3 at point 2, 2 at points 3-6. Belady alone takes B (4,
+// needed last) and brings it back after point 6. B must be back by point 3: it is out only
+// until then, A (2) covers points 4-6, and both cover point 2; B comes back after point 2,
+// where what is out beyond X no longer needs its bytes.
+TEST(MakePlanFetchBy, ALateFetchStartsByItsPointAndAnotherBlockCoversTheRest) {
+  RecordedStep step{{6, 8, 13, 12, 12, 12, 12, 8, 6, 5}, {{2, 0, 8}, {4, 0, 9}}, {}};
+  const Plan before = make_plan(step, {10, 0, {}, 0});
+  EXPECT_EQ(std::vector<uint32_t>({N, 6}), before.fetch_at);
+  PlanOptions options{10, 0, {}, 0};
+  options.fetch_by = {N, 3};
+  const Plan after = make_plan(step, options);
+  EXPECT_EQ(std::vector<uint32_t>({6, 2}), after.fetch_at);
+  EXPECT_EQ(0u, after.shortfall_bytes);
+  EXPECT_EQ(6u, after.planned_bytes);
+  // By a point no later than its cold one: the block cannot leave at all, and A alone falls
+  // short of point 2's 3 bytes.
+  options.fetch_by = {N, 0};
+  const Plan never = make_plan(step, options);
+  EXPECT_EQ(std::vector<uint32_t>({6, N}), never.fetch_at);
+  EXPECT_EQ(1u, never.shortfall_bytes);
+}
+
 // Every point's bytes out under the plan cover what must be out there, wherever a cold
 // block could: checked on a generated forward/backward step of many blocks.
 TEST(MakePlanProperty, EveryCoverablePointIsCoveredAndNothingIsOutAtItsUse) {

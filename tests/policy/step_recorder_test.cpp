@@ -305,6 +305,86 @@ TEST(StepRecorder, APlanSlowerThanTheReactivePolicyBacksOff) {
   EXPECT_EQ(1u, r.num_backoffs());
 }
 
+// A step whose blocks A (2) and B (4) go cold before five allocations that need 3, then 2
+// bytes out at limit 10; backward uses A at point 11 and B at point 12. Its points are 10 ns
+// apart. The plan takes B (needed last) and brings it back after point 9.
+struct LateStep {
+  explicit LateStep(StepRecorder& recorder) : r(recorder) {}
+  StepRecorder& r;
+  std::vector<uint64_t> times;
+  // Records one step that took `took_ns` from its first point to its last, and plans the next
+  // with the fetches that landed late in it.
+  void run(uint64_t took_ns, const std::vector<LateFetch>& late = {}) {
+    r.begin_step();
+    r.point(K::kGraph, kNoPoint, 0, 4);
+    const uint32_t a = r.new_block(2);
+    r.point(K::kPack, a, 2, 4);
+    const uint32_t b = r.new_block(4);
+    r.point(K::kPack, b, 4, 6);
+    r.point(K::kCold, a, 0, 6);
+    r.point(K::kCold, b, 0, 6);
+    for (uint64_t demand : {13, 12, 12, 12, 12, 8}) r.point(K::kAlloc, kNoPoint, 1, demand);
+    r.point(K::kUnpack, a, 0, 8);
+    r.point(K::kUnpack, b, 0, 6);
+    r.point(K::kRelease, a, 0, 4);
+    r.point(K::kRelease, b, 0, 2);
+    r.end_step();
+    times.assign(r.recorded_points(), 0);
+    for (size_t p = 0; p < times.size(); ++p) times[p] = 10 * p;
+    times.back() = took_ns;
+    r.plan_next(times, 1.0, late);
+  }
+};
+
+// Feedback from a fetch that landed late (Capuchin's): its fetch moves earlier next step, to
+// the last point by the time it should have started; the move stays only if the step with it
+// is faster than the planned step before it, else it is undone for good.
+TEST(StepRecorder, ALateFetchMovesEarlierAndStaysOnlyIfTheStepIsFaster) {
+  StepRecorder r(true, 10);
+  LateStep s(r);
+  s.run(200);  // reactive, recorded
+  EXPECT_EQ(std::vector<uint32_t>({kNoPoint, 9}), r.plan().fetch_at);
+  s.run(200);  // planned
+  // Planned again; B's fetch landed late: it should have started by t = 65 (point 6).
+  s.run(200, {{1, 65}});
+  EXPECT_EQ(1u, r.num_fetch_moves());
+  EXPECT_EQ(std::vector<uint32_t>({9, 5}), r.plan().fetch_at) << "B back by point 6, A covering points 7-9";
+  // The step with the move is faster: the move stays.
+  s.run(190);
+  EXPECT_EQ(std::vector<uint32_t>({9, 5}), r.plan().fetch_at);
+  EXPECT_EQ(0u, r.num_fetch_moves_undone());
+  // Late again, by point 4 (B's cold point): it could not leave at all. Tried, and no faster.
+  s.run(190, {{1, 45}});
+  EXPECT_EQ(2u, r.num_fetch_moves());
+  EXPECT_EQ(kNoPoint, r.plan().fetch_at[1]);
+  s.run(190);
+  EXPECT_EQ(1u, r.num_fetch_moves_undone());
+  EXPECT_EQ(std::vector<uint32_t>({9, 5}), r.plan().fetch_at) << "back to the plan before the move";
+  // B is not moved again.
+  s.run(190, {{1, 45}});
+  EXPECT_EQ(2u, r.num_fetch_moves());
+  EXPECT_EQ(std::vector<uint32_t>({9, 5}), r.plan().fetch_at);
+  // A fetch reported late where it already starts by then moves nothing.
+  s.run(190, {{0, 95}});
+  EXPECT_EQ(2u, r.num_fetch_moves());
+}
+
+// The moves are the recorded step's: a step that diverges forgets them.
+TEST(StepRecorder, ADivergenceForgetsTheMovedFetches) {
+  StepRecorder r(true, 10);
+  LateStep s(r);
+  s.run(200);
+  s.run(200, {{1, 65}});
+  EXPECT_EQ(std::vector<uint32_t>({9, 5}), r.plan().fetch_at);
+  r.begin_step();
+  r.point(K::kGraph, kNoPoint, 0, 4);
+  r.point(K::kPack, r.new_block(8), 8, 12);  // another step
+  r.end_step();
+  r.plan_next({}, 0);
+  s.run(200);
+  EXPECT_EQ(std::vector<uint32_t>({kNoPoint, 9}), r.plan().fetch_at);
+}
+
 TEST(StepRecorder, DisabledRecordsNothing) {
   StepRecorder r(false, 10);
   Driver d(r);

@@ -155,6 +155,8 @@ def _scan(ops, first_op, overhead, limit):
         if kind == "phase":
             phase = op[1]
             continue
+        if kind == "sync":
+            continue  # the host's wait moves no byte and adds no device time
         tid = op[1]
         if kind == "alloc":
             sizes[tid] = op[2]

@@ -74,6 +74,7 @@ class _Cuda:
                 ("cudaMemcpyAsync", i, [vp, vp, sz, i, vp]),
                 ("cudaHostAlloc", i, [ctypes.POINTER(vp), sz, ctypes.c_uint]),
                 ("cudaDeviceSynchronize", i, []),
+                ("cudaStreamSynchronize", i, [vp]),
                 ("cudaSetDevice", i, [i])):
             fn = getattr(self.rt, name)
             fn.restype, fn.argtypes = res, args
@@ -268,6 +269,9 @@ class _Interpreter:
             elif kind == "phase":
                 self._phase(op[1])
                 continue
+            elif kind == "sync":
+                cu.check(cu.rt.cudaStreamSynchronize(s), "cudaStreamSynchronize")
+                continue
             elif kind in saved_ops:
                 if not pol.saved(i, kind, op[1]):
                     return False
@@ -396,6 +400,8 @@ class _Interpreter:
             "num_planned_steps": stats.get("num_planned_steps", 0),
             "num_plan_divergences": stats.get("num_plan_divergences", 0) - self.stats0.get("num_plan_divergences", 0),
             "num_plan_backoffs": stats.get("num_plan_backoffs", 0),
+            "num_plan_fetch_moves": stats.get("num_plan_fetch_moves", 0),
+            "num_plan_fetch_moves_undone": stats.get("num_plan_fetch_moves_undone", 0),
             "planned_bytes_d2h": stats.get("planned_bytes_d2h", 0) - self.stats0.get("planned_bytes_d2h", 0),
             "warmup": int(self.spec.get("warmup") or 0),
             "warmup_steps": self.warmup_steps,

@@ -48,9 +48,11 @@ Note [What is measured]
   bound_ns, ...       the policy-independent lower bound and its ratios (Note [The bound
                       beside every run])
   num_planned_steps,  the planned-eviction engine's counters (0 where its stats lack them):
-  num_plan_divergences, num_plan_backoffs, planned_bytes_d2h   steps run on a plan (a
-                      total), plans abandoned, planned steps slower than the reactive
-                      policy's (totals) and bytes the plans copied out (over the measured step)
+  num_plan_divergences, num_plan_backoffs, num_plan_fetch_moves,
+  num_plan_fetch_moves_undone, planned_bytes_d2h   steps run on a plan (a total), plans
+                      abandoned, planned steps slower than the reactive policy's, planned
+                      fetches moved earlier for landing late and moves undone (totals) and
+                      bytes the plans copied out (over the measured step)
 
 Thread safety: pure functions on values.
 """

@@ -18,6 +18,9 @@ Operations (tuples; the first element is the kind):
   ("release", tid)         backward is done with the saved tensor (autograd dropped it);
                            a "free" of the tensor follows, now or later
   ("phase", name)          a phase starts: "forward", "backward", "optimizer" or "other"
+  ("sync",)                the host waits for the compute stream's work so far (as
+                           loss.item() or a check of a value on the device does): nothing
+                           it queues after can start before that work ends
 
 Rules (validate() checks them): a tid is allocated once and freed at most once, and not
 used after its free; save/cold/use/release only between its alloc and free, in the order
@@ -31,7 +34,7 @@ Thread safety: plain data; build it on one thread.
 from dataclasses import dataclass, field
 
 PHASES = ("forward", "backward", "optimizer", "other")
-KINDS = ("alloc", "free", "compute", "save", "cold", "use", "release", "phase")
+KINDS = ("alloc", "free", "compute", "save", "cold", "use", "release", "phase", "sync")
 
 
 class WorkloadError(ValueError):
@@ -65,6 +68,9 @@ class Workload:
 
     def release(self, tid):
         self.ops.append(("release", tid))
+
+    def sync(self):
+        self.ops.append(("sync",))
 
     def phase(self, name):
         if name not in PHASES:
@@ -137,6 +143,8 @@ class Workload:
             if kind == "phase":
                 if op[1] not in PHASES:
                     raise WorkloadError(f"op {i}: unknown phase {op[1]!r}")
+                continue
+            if kind == "sync":
                 continue
             tid = op[1]
             if kind == "alloc":
