@@ -252,6 +252,71 @@ def test_first_op():
     check("must_leave_at_ns is on the step's clock", step.must_leave_at_ns == 2 * MS, show(step))
 
 
+def kept_step(frozen, in_setup):
+    """A kept tensor W (4 MB) used at the start of the step and again at its end (Note [Kept
+    tensors]); between its uses an allocation A of 4 MB runs 10 ms under a 6 MB limit, so 2 MB
+    of W must be out throughout, and back after A is freed, right before W's next use.
+    `in_setup`: W's first use ends before the step (first_op), in its setup."""
+    w = Workload("kept")
+    w.phase("other")
+    w.alloc("W", 4 * MB)
+    w.keep("W", frozen)
+    if in_setup:
+        w.kuse("W")
+        w.kdone("W")
+    first = len(w.ops)
+    w.phase("optimizer")
+    if not in_setup:
+        w.kuse("W")
+        w.compute(1 * MS)
+        w.kdone("W")
+    w.alloc("A", 4 * MB)
+    w.compute(10 * MS)
+    w.free("A")
+    w.kuse("W")
+    w.compute(1 * MS)
+    w.kdone("W")
+    return w.validate(), first
+
+
+def test_kept():
+    """Out between its uses, W comes back after A: 2 ms of H2D with no compute to hide it.
+    Copying it out first takes another 2 ms while A waits, unless the host copy is valid
+    already: a frozen W (its contents never change), or one whose last use was before the
+    step (its copy made in the step before)."""
+    for frozen, in_setup, stall in ((False, False, 4), (True, False, 2), (False, True, 2), (True, True, 2)):
+        w, first = kept_step(frozen, in_setup)
+        compute = (11 if in_setup else 12) * MS
+        b = bound.lower_bound(w, 6 * MB, RATE, first_op=first)
+        check(f"kept {'frozen' if frozen else 'changing'}, last used {'before' if in_setup else 'in'} the step: "
+              f"stall {stall} ms", b.feasible and b.bound_ns == compute + stall * MS and b.must_leave_bytes == 2 * MB,
+              show(b))
+    # Never used again in the step: out to its end, nothing comes back.
+    w = Workload("kept, not used again")
+    w.alloc("W", 4 * MB)
+    w.keep("W", True)
+    w.kuse("W")
+    w.kdone("W")
+    w.phase("forward")
+    w.alloc("A", 4 * MB)
+    w.compute(10 * MS)
+    w.free("A")
+    b = bound.lower_bound(w.validate(), 6 * MB, RATE, first_op=4)
+    check("kept, out to the end: no stall", b.feasible and b.bound_ns == 10 * MS, show(b))
+    # In use, never eligible: the working set does not fit.
+    w = Workload("kept, in use")
+    w.alloc("W", 4 * MB)
+    w.keep("W", False)
+    w.phase("forward")
+    w.kuse("W")
+    w.alloc("A", 4 * MB)
+    w.compute(10 * MS)
+    w.free("A")
+    w.kdone("W")
+    b = bound.lower_bound(w.validate(), 6 * MB, RATE, first_op=2)
+    check("kept and in use: infeasible", not b.feasible and "2,000,000 B must be off" in (b.note or ""), show(b))
+
+
 def test_errors():
     w = one_tensor(5, 5)
     for kwargs, what in ((dict(duplex="half"), "duplex"), (dict(pcie_gbps=0), "pcie_gbps")):
@@ -341,7 +406,7 @@ def test_properties():
 
 def main():
     for test in (test_no_pressure, test_one_tensor, test_only_what_is_out_when_needed, test_infeasible,
-                 test_shared_duplex, test_first_op, test_errors, test_gpt_small, test_properties):
+                 test_shared_duplex, test_first_op, test_kept, test_errors, test_gpt_small, test_properties):
         test()
 
 

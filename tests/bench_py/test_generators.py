@@ -112,6 +112,52 @@ def test_grid():
           "every forward-saved tensor goes cold before use and is released", not bad,
           "; ".join(bad[:3]))
 
+    # LoRA (frozen Linears kept, adapters trained) and AdamW state kept, per chunk.
+    count, bad = 0, []
+    for ckpt, mb, dtype, lora, kept in itertools.product([False, "full"], [1, 2], ["bf16", "fp16"], [0, 4],
+                                                         [False, True]):
+        label = f"ckpt={ckpt} mb={mb} {dtype} lora={lora} kept={kept}"
+        try:
+            wl = gpt.generate(checkpointing=ckpt, microbatches=mb, dtype=dtype, lora_rank=lora,
+                              kept_optimizer=kept, **tiny).validate()
+        except (WorkloadError, ValueError, KeyError) as e:
+            bad.append(f"{label}: {e}")
+            continue
+        count += 1
+        if wl.meta["final_live_bytes"] != gpt_persistent_bytes(wl):
+            bad.append(f"{label}: final live {wl.meta['final_live_bytes']} != persistent {gpt_persistent_bytes(wl)}")
+        problems = lifecycle_problems(wl)
+        if problems:
+            bad.append(f"{label}: {problems[0]} (+{len(problems) - 1} more)")
+        kinds = [op[0] for op in wl.ops]
+        uses = {op[1]: 0 for op in wl.ops if op[0] == "keep"}
+        for op in wl.ops:
+            if op[0] == "kuse":
+                uses[op[1]] += 1
+        frozen = {op[1] for op in wl.ops if op[0] == "keep" and op[2]}
+        want_frozen = 4 * tiny["layers"] if lora else 0
+        # each kept tensor: one use in setup, then one per step (a frozen weight's cast is made
+        # once per autocast region: once per microbatch, twice with checkpointing's recompute)
+        per_step = {t: n - 1 for t, n in uses.items()}
+        if len(frozen) != want_frozen or (kept and not any(not f for f in (t in frozen for t in uses))):
+            bad.append(f"{label}: {len(frozen)} frozen kept tensors (want {want_frozen}), kept state {kept}")
+        elif any(n < 1 for n in per_step.values()):
+            bad.append(f"{label}: a kept tensor never used in the step")
+        elif lora and "grad.L0.attn.qkv.w" in set(op[1] for op in wl.ops if op[0] == "alloc"):
+            bad.append(f"{label}: a frozen weight has a gradient")
+        elif not (kinds.count("kuse") == kinds.count("kdone")):
+            bad.append(f"{label}: uses and their ends do not pair")
+    check(f"gpt: {count} LoRA and kept-optimizer configurations validate, leave only persistent state live, "
+          "keep the frozen weights (no gradient) and the optimizer state, each used in the step", not bad,
+          "; ".join(bad[:3]))
+    for kwargs, what in ((dict(lora_rank=4, dtype="fp32"), "lora_rank needs autocast"),
+                         (dict(kept_optimizer=True, optimizer="foreach"), "kept_optimizer needs the fused")):
+        try:
+            gpt.generate(**tiny, **kwargs)
+            check(f"gpt: {kwargs} is refused", False, "no error")
+        except ValueError as e:
+            check(f"gpt: {kwargs} is refused", what in str(e), str(e))
+
     bad = []
     for dtype, dropout, opt in itertools.product(["fp32", "bf16", "fp16"], [0.0, 0.5],
                                                  [True, False]):

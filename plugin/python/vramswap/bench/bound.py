@@ -86,6 +86,18 @@ d2h(<= j) + that + h2d(>= k) over pairs of candidate moments (the local maxima o
 highest 160 of them), beside the single splits. With full duplex the same pair argument
 gives max(H, D) / R, which the walks already account for, so it adds nothing there.
 
+Note [Kept tensors]
+-------------------
+A kept tensor (a frozen weight, optimizer state: "keep", then "kuse"/"kdone" around each
+use) is eligible between a kdone and its next kuse (or its free, or the end): each such
+interval counts as a tensor of its own, that must come back when a kuse ends it. Its D2H
+copy is needed only where the contents changed and no copy of them is on the host: never
+for a frozen tensor (its host copy, once made, stays valid: counted as made, which can only
+lower the bound; the first step's real first copy is not charged), and not for an interval
+that began before `first_op` (in a repeated step the copy was made in the step before).
+A kept tensor's saved uses (backward's pack and unpack of a frozen weight) do not end an
+interval here: eligible for longer, the bound can only be lower.
+
 The relaxation ignores placement (fragmentation; give overhead_bytes), the copies' real
 granularity (a tensor moves whole), the engine's other duties, and the host side; so the
 bound can be far below what a policy reaches, never above it.
@@ -125,13 +137,14 @@ class Bound:
 
 
 class _Tensor:
-    __slots__ = ("size", "cold", "end", "used")
+    __slots__ = ("size", "cold", "end", "used", "d2h")
 
-    def __init__(self, size):
+    def __init__(self, size, d2h=True):
         self.size = size
         self.cold = None   # op index of its cold op
         self.end = None    # op index of its first use, or of its free when never used
         self.used = False  # `end` is a use (it must come back)
+        self.d2h = d2h     # being out needs a copy to the host (Note [Kept tensors])
 
 
 def _scan(ops, first_op, overhead, limit):
@@ -139,6 +152,7 @@ def _scan(ops, first_op, overhead, limit):
     (compute before op k, from first_op), the constraint ops [(k, X_k, phase)] with X > 0,
     total compute, max X, where)."""
     sizes, tensors = {}, {}
+    kept = {}  # kept tid -> [frozen, intervals so far, the open interval or None]
     live = 0
     t = 0
     times = [0] * (len(ops) + 1)
@@ -166,6 +180,9 @@ def _scan(ops, first_op, overhead, limit):
             tb = tensors.get(tid)
             if tb is not None and tb.end is None:
                 tb.end = k
+            tb = kept.pop(tid, (None, None, None))[2]
+            if tb is not None:
+                tb.end = k
         elif kind == "cold":
             tensors[tid] = _Tensor(sizes[tid])
             tensors[tid].cold = k
@@ -173,6 +190,19 @@ def _scan(ops, first_op, overhead, limit):
             tb = tensors.get(tid)
             if tb is not None and tb.end is None:
                 tb.end, tb.used = k, True
+        elif kind == "keep":
+            kept[tid] = [bool(op[2]), 0, None]  # frozen, intervals so far, the open one
+        elif kind == "kdone":
+            frozen, count, _ = kept[tid]
+            tb = _Tensor(sizes[tid], d2h=not frozen and k >= first_op)
+            tb.cold = k
+            tensors[(tid, count)] = tb
+            kept[tid] = [frozen, count + 1, tb]
+        elif kind == "kuse":
+            tb = kept[tid][2]
+            if tb is not None:
+                tb.end, tb.used = k, True
+                kept[tid][2] = None
         if k < first_op:
             continue
         x = live + overhead - limit
@@ -273,7 +303,7 @@ def lower_bound(workload, limit_bytes, pcie_gbps, duplex="full", overhead_bytes=
                 eng.remove(tid)
         for tid in colds.get(k, ()):
             if tensors[tid].end > k:
-                eng.add(tid, tensors[tid].size, times[k] + stall)
+                eng.add(tid, tensors[tid].size, times[k] + stall, needs_copy=tensors[tid].d2h)
         x = is_constraint.get(k)
         if x is None:
             continue

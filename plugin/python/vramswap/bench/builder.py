@@ -90,14 +90,24 @@ class OpEmitter:
         self.release(tid)
         self.free(tid)
 
+    def keep(self, tid, frozen):
+        self.workload.keep(tid, frozen)
+
+    def kuse(self, tid):
+        self.workload.kuse(tid)
+
+    def kdone(self, tid):
+        self.workload.kdone(tid)
+
 
 class _Linear:
     """One Linear's forward record: what its backward reads."""
-    __slots__ = ("name", "param", "x", "w", "rows", "fin", "fout")
+    __slots__ = ("name", "param", "x", "w", "rows", "fin", "fout", "lora")
 
-    def __init__(self, name, param, x, w, rows, fin, fout):
+    def __init__(self, name, param, x, w, rows, fin, fout, lora=None):
         self.name, self.param, self.x, self.w = name, param, x, w
         self.rows, self.fin, self.fout = rows, fin, fout
+        self.lora = lora  # a frozen Linear's adapter: (A's record, B's record), else None
 
 
 class StepBuilder:
@@ -121,19 +131,27 @@ class StepBuilder:
         self.E = OpEmitter(name, tflops, hbm_gbps)
         self._wcache = {}   # param -> weight-cast tid of the current autocast region
         self._bcache = []   # bias-cast tids of the current autocast region
+        # LoRA (subclasses set them): the Linears whose weight and bias are frozen, their
+        # weights kept ("param.<name>.w": used only by autocast's cast, once per region), and
+        # the adapters' rank (each frozen Linear gets trainable "<name>.lora_a" and
+        # "<name>.lora_b", fin x r and r x fout, added to its output).
+        self.frozen = set()
+        self.lora_rank = 0
 
     def step_meta(self, workload, optimizer_state_bytes_per_param):
         """The meta keys every generated step has (describe() reads them): the compute model,
         the parameter, gradient and optimizer-state bytes (fp32 parameters, subclasses' `params`
         list), FLOPs and compute time by phase, and the peak and final live bytes."""
         params = sum(n for _, n in self.params)
+        trainable = sum(n for _, n in getattr(self, "trainable", self.params))
         peak, final = workload.live_bytes()
         return {
             "tflops": self.tflops, "hbm_gbps": self.hbm_gbps,
             "params": params,
             "param_bytes": params * 4,
-            "grad_bytes": params * 4,
-            "optimizer_state_bytes": params * optimizer_state_bytes_per_param,
+            "trainable_params": trainable,
+            "grad_bytes": trainable * 4,
+            "optimizer_state_bytes": trainable * optimizer_state_bytes_per_param,
             "flops": dict(self.E.flops),
             "flops_total": sum(self.E.flops.values()),
             "compute_ns": {p: workload.compute_ns(p) for p in PHASES},
@@ -150,7 +168,11 @@ class StepBuilder:
         E = self.E
         if param not in self._wcache:
             w = E.alloc(f"{prefix}.w_cast", numel * self.cdt)
+            if param in self.frozen:
+                E.kuse(f"param.{param}.w")
             E.kernel(f"{prefix}.w_cast", nbytes=numel * (4 + self.cdt))
+            if param in self.frozen:
+                E.kdone(f"param.{param}.w")
             self._wcache[param] = w
             if bias_numel:
                 b = E.alloc(f"{prefix}.b_cast", bias_numel * self.cdt)
@@ -176,21 +198,35 @@ class StepBuilder:
             x = internal
         w = self._weight(prefix, param, fin * fout, fout if bias else 0)
         out = E.alloc(f"{prefix}.out", rows * fout * self.cdt)
+        frozen = param in self.frozen
         if grad:
-            E.save(x)
+            if not frozen:
+                E.save(x)  # for dW; a frozen Linear needs only W (dX)
             if w is not None:
                 E.save(w)
         E.kernel(prefix, flops=2 * rows * fin * fout,
                  nbytes=(rows * fin + fin * fout + rows * fout) * self.cdt)
+        lora = None
+        if frozen and self.lora_rank:
+            r, xb = self.lora_rank, self.cdt if internal is not None else x_bytes
+            a, a_rec = self._linear(f"{prefix}.lora_a", f"{param}.lora_a", x, xb, rows, fin, r, grad, bias=False)
+            b, b_rec = self._linear(f"{prefix}.lora_b", f"{param}.lora_b", a, self.cdt, rows, r, fout, grad,
+                                    bias=False)
+            E.drop(a)
+            E.kernel(f"{prefix}.lora_add", nbytes=rows * fout * 3 * self.cdt)
+            E.free(b)
+            lora = (a_rec, b_rec)
         if internal is not None:
             E.drop(internal)
-        return out, _Linear(prefix, param, x, w, rows, fin, fout)
+        return out, _Linear(prefix, param, x, w, rows, fin, fout, lora)
 
     def _linear_backward(self, rec, dy, need_dx=True, bias=True, release_input=True):
         """Backward of one Linear: dX, dW, db; the weight grads accumulate into .grad.
         Frees the saved input (unless an op further back also saved it) and the weight
         cast, not the incoming grad. -> dX or None."""
         E, c = self.E, self.cdt
+        if rec.param in self.frozen:
+            return self._frozen_linear_backward(rec, dy, need_dx, release_input)
         E.use(rec.x)
         if rec.w is not None:
             E.use(rec.w)
@@ -208,6 +244,31 @@ class StepBuilder:
         self._accumulate(f"{rec.name}.dw", dw, rec.fin * rec.fout)
         if db is not None:
             self._accumulate(f"{rec.name}.db", db, rec.fout)
+        return dx
+
+    def _frozen_linear_backward(self, rec, dy, need_dx, release_input):
+        """A frozen Linear's backward: dX only (no dW, no db), then its adapter's (B, then A,
+        whose dX adds in). -> dX or None."""
+        E, c = self.E, self.cdt
+        dx = None
+        if need_dx:
+            E.use(rec.w)
+            dx = E.alloc(f"{rec.name}.dx", rec.rows * rec.fin * c)
+            E.kernel(f"{rec.name}.bwd", flops=2 * rec.rows * rec.fin * rec.fout,
+                     nbytes=(rec.rows * rec.fout + rec.rows * rec.fin + rec.fin * rec.fout) * c)
+            E.done(rec.w)
+        elif rec.w is not None:
+            E.use(rec.w)
+            E.done(rec.w)
+        if rec.lora is None:
+            return dx
+        a_rec, b_rec = rec.lora
+        da = self._linear_backward(b_rec, dy, need_dx=True, bias=False)
+        dxa = self._linear_backward(a_rec, da, need_dx=need_dx, bias=False, release_input=release_input)
+        E.free(da)
+        if dxa is not None:
+            E.kernel(f"{rec.name}.lora_dx_add", nbytes=rec.rows * rec.fin * 3 * c)
+            E.free(dxa)
         return dx
 
     def _accumulate(self, label, g, numel, g_bytes=None):

@@ -118,7 +118,8 @@ class _GPTStep(StepBuilder):
     """One training step, emitted op by op (see the module docstring for the rules)."""
 
     def __init__(self, layers, hidden, heads, ffn, seq, batch, dtype, checkpointing,
-                 microbatches, vocab, tflops, hbm_gbps, optimizer, attention, dropout):
+                 microbatches, vocab, tflops, hbm_gbps, optimizer, attention, dropout,
+                 lora_rank=0, kept_optimizer=False):
         if checkpointing not in (False, None, "full"):
             raise ValueError(f"checkpointing {checkpointing!r}: expected False or 'full'")
         if attention not in ("eager", "flash"):
@@ -133,6 +134,13 @@ class _GPTStep(StepBuilder):
                 raise ValueError(f"{key} {value!r}: expected an integer >= 1")
         if hidden % heads:
             raise ValueError(f"hidden {hidden} is not a multiple of heads {heads}")
+        if not isinstance(lora_rank, int) or lora_rank < 0:
+            raise ValueError(f"lora_rank {lora_rank!r}: expected an integer >= 0")
+        if lora_rank and dtype == "fp32":
+            raise ValueError("lora_rank needs autocast (bf16 or fp16): the frozen weights are kept and used "
+                             "by their casts")
+        if kept_optimizer and optimizer not in (True, "fused"):
+            raise ValueError("kept_optimizer needs the fused AdamW (optimizer True or 'fused')")
         self.L, self.C, self.H, self.F, self.T, self.B = layers, hidden, heads, ffn, seq, batch
         self.V, self.M = vocab, microbatches
         self.N = batch * seq
@@ -140,10 +148,19 @@ class _GPTStep(StepBuilder):
         self.checkpointing = checkpointing or False
         self.attention = attention
         self.optimizer = {True: "fused", False: None}.get(optimizer, optimizer)
+        self.kept_optimizer = bool(kept_optimizer)
+        self.rank = lora_rank
         if tflops is None:
             tflops = kTflopsFp32 if dtype == "fp32" else kTflopsHalf
         super().__init__(self._name(dtype), dtype, tflops, hbm_gbps, dropout)
+        if lora_rank:
+            self.frozen = {f"L{layer}.{n}" for layer in range(layers)
+                           for n in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")}
+            self.lora_rank = lora_rank
         self.params = self._param_list()
+        # The parameters with a gradient (and optimizer state): all but the frozen Linears'.
+        frozen_names = {f"{f}.{wb}" for f in self.frozen for wb in ("w", "b")}
+        self.trainable = [(n, k) for n, k in self.params if n not in frozen_names]
 
     def _name(self, dtype):
         parts = [f"gpt-{self.L}L-{self.C}h-{self.H}a", f"b{self.B}", f"s{self.T}", dtype]
@@ -153,6 +170,10 @@ class _GPTStep(StepBuilder):
             parts.append("ckpt")
         if self.M > 1:
             parts.append(f"mb{self.M}")
+        if self.rank:
+            parts.append(f"lora{self.rank}")
+        if self.kept_optimizer:
+            parts.append("kept-adamw")
         return "-".join(parts)
 
     # -- parameters --------------------------------------------------------------------
@@ -167,6 +188,11 @@ class _GPTStep(StepBuilder):
                    (f"{p}.ln_2.w", C), (f"{p}.ln_2.b", C),
                    (f"{p}.mlp.fc.w", F * C), (f"{p}.mlp.fc.b", F),
                    (f"{p}.mlp.proj.w", C * F), (f"{p}.mlp.proj.b", C)]
+            if self.rank:
+                r = self.rank
+                for n, fin, fout in (("attn.qkv", C, 3 * C), ("attn.proj", C, C), ("mlp.fc", C, F),
+                                     ("mlp.proj", F, C)):
+                    ps += [(f"{p}.{n}.lora_a", fin * r), (f"{p}.{n}.lora_b", r * fout)]
         ps += [("ln_f.w", C), ("ln_f.b", C)]
         return ps
 
@@ -432,25 +458,36 @@ class _GPTStep(StepBuilder):
     # -- the step ----------------------------------------------------------------------
     def build(self):
         E, T = self.E, self.T
-        param_count = sum(n for _, n in self.params)
+        param_count = sum(n for _, n in self.trainable)
         E.phase("other")
         for name, numel in self.params:
-            E.alloc(f"param.{name}", numel * 4)
+            tid = E.alloc(f"param.{name}", numel * 4)
+            if name.endswith(".w") and name[:-2] in self.frozen:
+                self._kept(tid, True)  # vramswap.offload_frozen: loaded, then cold
         if self.attention == "eager":
             for layer in range(self.L):
                 E.alloc(f"buffer.L{layer}.attn.bias", T * T * 4)
-        for name, numel in self.params:
+        for name, numel in self.trainable:
             E.alloc(f"grad.{name}", numel * 4)
         if self.optimizer:
-            for name, numel in self.params:
-                E.alloc(f"adamw.exp_avg.{name}", numel * 4)
-                E.alloc(f"adamw.exp_avg_sq.{name}", numel * 4)
+            for name, numel in self.trainable:
+                for state in ("exp_avg", "exp_avg_sq"):
+                    tid = E.alloc(f"adamw.{state}.{name}", numel * 4)
+                    if self.kept_optimizer:
+                        self._kept(tid, False)  # vramswap.offload_optimizer: zeroed, then cold
         E.kernel("zero_grad", nbytes=param_count * 4)
         for m in range(self.M):
             self._microbatch(m)
         if self.optimizer:
             self._optimizer_step(param_count)
         return E.workload
+
+    def _kept(self, tid, frozen):
+        """A kept tensor, written once (loaded or zeroed) before the step."""
+        E = self.E
+        E.keep(tid, frozen)
+        E.kuse(tid)
+        E.kdone(tid)
 
     def _microbatch(self, m):
         E, N, C, T, V, L = self.E, self.N, self.C, self.T, self.V, self.L
@@ -562,6 +599,20 @@ class _GPTStep(StepBuilder):
         E.phase("optimizer")
         if self.dtype == "fp16":
             E.kernel("grad_scaler.unscale", nbytes=param_count * 8)
+        if self.optimizer == "fused" and self.kept_optimizer:
+            # vramswap.offload_optimizer: step() per chunk of parameters (here one layer's, and
+            # the embeddings and the final norm apart), each chunk's state used around it
+            chunks = {}
+            for name, numel in self.trainable:
+                chunks.setdefault(name.split(".")[0] if name.startswith("L") else name, []).append((name, numel))
+            for key, group in chunks.items():
+                states = [f"adamw.{s}.{n}" for n, _ in group for s in ("exp_avg", "exp_avg_sq")]
+                for t in states:
+                    E.kuse(t)
+                E.kernel(f"adamw.fused.{key}", nbytes=sum(k for _, k in group) * 28)
+                for t in states:
+                    E.kdone(t)
+            return
         if self.optimizer == "fused":
             # read param, grad, exp_avg, exp_avg_sq; write param, exp_avg, exp_avg_sq
             E.kernel("adamw.fused", nbytes=param_count * 28)
@@ -569,7 +620,7 @@ class _GPTStep(StepBuilder):
         # torch's multi-tensor AdamW: decay, lerp, mul, addcmul, then sqrt(exp_avg_sq) into
         # a new tensor per parameter, div_, add_, addcdiv_ into the params
         E.kernel("adamw.foreach.moments", nbytes=param_count * 4 * 10)
-        temps = [E.alloc(f"adamw.denom.{name}", numel * 4) for name, numel in self.params]
+        temps = [E.alloc(f"adamw.denom.{name}", numel * 4) for name, numel in self.trainable]
         E.kernel("adamw.foreach.denom", nbytes=param_count * 4 * 6)
         E.kernel("adamw.foreach.update", nbytes=param_count * 4 * 4)
         for t in temps:
@@ -593,7 +644,8 @@ def _saved_facts(workload, layer_prefix):
 
 def generate(layers=12, hidden=768, heads=12, ffn=None, seq=1024, batch=8, dtype="bf16",
              checkpointing=False, microbatches=1, vocab=50257, tflops=None,
-             hbm_gbps=kHbmGbps, optimizer=True, attention="eager", dropout=0.0):
+             hbm_gbps=kHbmGbps, optimizer=True, attention="eager", dropout=0.0, lora_rank=0,
+             kept_optimizer=False):
     """One training step of a GPT-style decoder as a Workload (the module docstring gives
     the model, the saved-tensor rules and the compute model).
 
@@ -602,7 +654,11 @@ def generate(layers=12, hidden=768, heads=12, ffn=None, seq=1024, batch=8, dtype
     or "fp32". checkpointing: False or "full" (every block). tflops: None picks 400 for
     bf16/fp16, 50 for fp32. optimizer: True (fused AdamW), "foreach", or False (no
     optimizer states, no optimizer phase). attention: "eager" or "flash". dropout: p of
-    every dropout site (0: none).
+    every dropout site (0: none). lora_rank: r > 0 freezes the four Linears of every block
+    (weights kept frozen, as vramswap.offload_frozen keeps them; bf16/fp16 only: a frozen
+    weight is read by its cast) and adds trainable rank-r adapters to each; the embeddings
+    and norms stay trainable. kept_optimizer: AdamW's state is kept (vramswap.offload_optimizer)
+    and the fused step runs per layer, each layer's state used around its chunk.
 
     workload.meta carries the shape facts: params, bytes of params/grads/optimizer states,
     saved bytes (forward, per layer), FLOPs and compute ns by phase, peak and final live
@@ -611,7 +667,8 @@ def generate(layers=12, hidden=768, heads=12, ffn=None, seq=1024, batch=8, dtype
     Thread safety: builds fresh objects; calls on different threads do not interact."""
     ffn = 4 * hidden if ffn is None else ffn
     step = _GPTStep(layers, hidden, heads, ffn, seq, batch, dtype, checkpointing,
-                    microbatches, vocab, tflops, hbm_gbps, optimizer, attention, dropout)
+                    microbatches, vocab, tflops, hbm_gbps, optimizer, attention, dropout,
+                    lora_rank, kept_optimizer)
     wl = step.build()
     fwd_saved, layer_saved, by_phase = _saved_facts(wl, "mb0.L0.")
     wl.meta.update({
@@ -620,7 +677,8 @@ def generate(layers=12, hidden=768, heads=12, ffn=None, seq=1024, batch=8, dtype
                   "seq": seq, "batch": batch, "vocab": vocab, "dtype": dtype,
                   "checkpointing": step.checkpointing, "microbatches": microbatches,
                   "attention": attention, "dropout": dropout,
-                  "optimizer": step.optimizer or "none"},
+                  "optimizer": step.optimizer or "none", "lora_rank": lora_rank,
+                  "kept_optimizer": bool(kept_optimizer)},
         **step.step_meta(wl, 8 if step.optimizer else 0),  # AdamW: exp_avg, exp_avg_sq
         "saved_bytes_forward": fwd_saved,
         "saved_bytes_forward_per_microbatch": fwd_saved // microbatches,

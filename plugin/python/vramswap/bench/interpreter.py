@@ -251,7 +251,7 @@ class _Interpreter:
                 continue
             if kind == "alloc":
                 tid, n = op[1], op[2]
-                p = pol.malloc(n)
+                p = pol.malloc(n, tid)
                 if not p:
                     self.oom(i, f"alloc of tensor {tid} ({n} bytes)")
                     return False
@@ -272,6 +272,9 @@ class _Interpreter:
             elif kind == "sync":
                 cu.check(cu.rt.cudaStreamSynchronize(s), "cudaStreamSynchronize")
                 continue
+            elif kind in ("keep", "kuse", "kdone"):
+                if pol.handles_kept and not pol.kept(i, op):
+                    return False
             elif kind in saved_ops:
                 if not pol.saved(i, kind, op[1]):
                     return False

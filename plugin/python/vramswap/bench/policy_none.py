@@ -10,6 +10,7 @@ class NonePolicy:
     """Allocations and frees straight to vramswap's pool; no saved-tensor ops."""
 
     handles_saved = False
+    handles_kept = False  # kept-tensor ops (keep, kuse, kdone): kept() when True
 
     def __init__(self, interp):
         self.it = interp
@@ -17,7 +18,7 @@ class NonePolicy:
     def start(self):
         """The interpreter's compute stream exists."""
 
-    def malloc(self, n):
+    def malloc(self, n, tid=None):
         return self.it.vs.vramswap_malloc(n, 0, self.it.compute)
 
     def free(self, tid):

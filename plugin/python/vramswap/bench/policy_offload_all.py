@@ -30,6 +30,15 @@ do (save_on_cpu itself copies on the compute stream):
   release  the restored device copy is freed on the compute stream (which waited for its
            copy); the host copy is dropped
   free     the original device memory is freed (after its copy), unless it was already
+Kept tensors (frozen weights, optimizer state) are moved as axolotl's layer offloading and
+ZeRO-Offload's state move them, swapping the tensor's storage:
+  kdone    the use ended: its device memory returns to the pool once a D2H copy has read
+           it (as "cold" above); a frozen tensor is copied only the first time (its host
+           copy stays valid), later its memory is freed at once (in stream order)
+  kuse     if it is out: a new device block, the H2D stream waits for it and the host copy,
+           copies; the compute stream waits for the copy. With `horizon` > 0 it then starts
+           the restores of the next `horizon` kept tensors used after it in the step, as
+           memory allows (axolotl prefetches the next layer on a stream of its own).
 With `horizon` > 0 the restores of the next `horizon` saved tensors in the predicted order
 of use (the order vramswap predicts: oldest forward first, last saved first) are started at
 each use, as layer-prefetching offloaders (Megatron-style CPU offload) do, as far as memory
@@ -50,9 +59,16 @@ class OffloadAllPolicy(NonePolicy):
     """Note [offload_all]."""
 
     handles_saved = True
+    handles_kept = True
 
     def __init__(self, interp):
         super().__init__(interp)
+        # Kept tensors: tid -> {"frozen", "out" (its device memory is gone), "host", "out_event",
+        # "in_event" (its restore in flight)}; the kuse ops in order (prefetch), and the kept
+        # memory waiting for its D2H copy: (tid's device pointer, bytes, copy end, event).
+        self.kept_state = {}
+        self.kuses = [(i, op[1]) for i, op in enumerate(interp.ops) if op[0] == "kuse"]
+        self.kept_pending = []
         self.host = {}            # tid -> pinned buffer
         self.out_event = {}       # tid -> event after its D2H copy
         self.original_freed = set()
@@ -71,18 +87,21 @@ class OffloadAllPolicy(NonePolicy):
         self.d2h = self.it.cu.stream()
         self.h2d = self.it.cu.stream()
 
-    def malloc(self, n):
+    def malloc(self, n, tid=None):
         """An allocation: originals whose copies are done are freed first; out of memory,
         all the others are (waiting for their copies), then it tries again."""
         it = self.it
         self._reap_originals()
         p = it.vs.vramswap_malloc(n, 0, it.compute)
-        if not p and self.pending_free:
+        if not p and (self.pending_free or self.kept_pending):
             self._reap_originals(everything=True)
             p = it.vs.vramswap_malloc(n, 0, it.compute)
         return p
 
     def free(self, tid):
+        k = self.kept_state.pop(tid, None)
+        if k is not None and k["out"]:
+            return  # its device memory is gone already (or goes after its copy)
         if tid not in self.out_event:
             super().free(tid)
             return
@@ -146,6 +165,79 @@ class OffloadAllPolicy(NonePolicy):
         self.host_live -= n
         return True
 
+    def kept(self, i, op):
+        """One kept-tensor op (Note [offload_all]); False when the run ended (out of memory)."""
+        it = self.it
+        cu, s = it.cu, it.compute
+        kind, tid = op[0], op[1]
+        if kind == "keep":
+            self.kept_state[tid] = {"frozen": bool(op[2]), "out": False, "host": None, "out_event": None,
+                                    "in_event": None}
+            return True
+        k = self.kept_state[tid]
+        n = it.size[tid]
+        if kind == "kdone":
+            if k["frozen"] and k["host"] is not None:
+                it.vs.vramswap_free(it.ptr[tid], n, 0, s)  # its host copy is still valid
+            else:
+                if k["host"] is None:
+                    host = ctypes.c_void_p()
+                    cu.check(cu.rt.cudaHostAlloc(ctypes.byref(host), n, 0), "cudaHostAlloc")
+                    k["host"] = host.value
+                    self.host_live += n
+                    self.peak_host = max(self.peak_host, self.host_live)
+                ready = cu.event()
+                cu.check(cu.rt.cudaEventRecord(ready, s), "cudaEventRecord")
+                cu.check(cu.rt.cudaStreamWaitEvent(self.d2h, ready, 0), "cudaStreamWaitEvent")
+                cu.check(cu.rt.cudaMemcpyAsync(k["host"], it.ptr[tid], n, 2, self.d2h), "cudaMemcpyAsync D2H")
+                out = cu.event()
+                cu.check(cu.rt.cudaEventRecord(out, self.d2h), "cudaEventRecord")
+                it.drain()
+                k["out_event"] = out
+                self.kept_pending.append((it.ptr[tid], n, it.last_copy_end, out))
+                self._reap_originals()
+            k["out"] = True
+            return True
+        # kuse
+        if k["out"] and k["in_event"] is None and not self._kept_restore(i, tid):
+            return False
+        if k["in_event"] is not None:
+            cu.check(cu.rt.cudaStreamWaitEvent(s, k["in_event"], 0), "cudaStreamWaitEvent")
+            k["in_event"] = None
+        horizon = it.spec["horizon"]
+        if horizon:
+            at = next(j for j, (op_i, _) in enumerate(self.kuses) if op_i == i)
+            for _, nxt in self.kuses[at + 1:at + 1 + horizon]:
+                m = self.kept_state.get(nxt)  # (not kept yet: the setup's uses)
+                if m and m["out"] and m["in_event"] is None and not self._kept_restore(i, nxt, prefetch=True):
+                    break  # no memory for it now: it is restored when used
+        return True
+
+    def _kept_restore(self, i, tid, prefetch=False):
+        """Starts the H2D copy of a kept tensor into a new device block (it is on the device
+        again from here: its `out` goes). False when there is no memory for it."""
+        it = self.it
+        cu, s = it.cu, it.compute
+        k = self.kept_state[tid]
+        n = it.size[tid]
+        p = it.vs.vramswap_malloc(n, 0, s) if prefetch else self.malloc(n)
+        if not p:
+            if not prefetch:
+                it.oom(i, f"restore of kept tensor {tid} ({n} bytes)")
+            return False
+        ready = cu.event()
+        cu.check(cu.rt.cudaEventRecord(ready, s), "cudaEventRecord")
+        cu.check(cu.rt.cudaStreamWaitEvent(self.h2d, ready, 0), "cudaStreamWaitEvent")
+        if k["out_event"] is not None:
+            cu.check(cu.rt.cudaStreamWaitEvent(self.h2d, k["out_event"], 0), "cudaStreamWaitEvent")
+        cu.check(cu.rt.cudaMemcpyAsync(p, k["host"], n, 1, self.h2d), "cudaMemcpyAsync H2D")
+        done = cu.event()
+        cu.check(cu.rt.cudaEventRecord(done, self.h2d), "cudaEventRecord")
+        it.ptr[tid] = p
+        k["in_event"] = done
+        k["out"] = False
+        return True
+
     def quiesce(self):
         self._reap_originals(everything=True)
 
@@ -168,6 +260,8 @@ class OffloadAllPolicy(NonePolicy):
         for the copy costs nothing: record_stream's behaviour with a host that sees events
         complete as the GPU gets there. `everything`: all of them, waiting if need be (an
         allocator out of memory synchronizes before it gives up)."""
+        if self.kept_pending:
+            self._reap_kept(everything)
         if not self.pending_free:
             return
         it = self.it
@@ -180,6 +274,20 @@ class OffloadAllPolicy(NonePolicy):
             else:
                 keep.append(tid)
         self.pending_free = keep
+
+    def _reap_kept(self, everything):
+        """_reap_originals for kept tensors' memory whose D2H copy was started at a kdone."""
+        it = self.it
+        cu = it.cu
+        it.drain()
+        keep = []
+        for p, n, end, out in self.kept_pending:
+            if everything or end <= it.tail_ns:
+                cu.check(cu.rt.cudaStreamWaitEvent(it.compute, out, 0), "cudaStreamWaitEvent")
+                it.vs.vramswap_free(p, n, 0, it.compute)
+            else:
+                keep.append((p, n, end, out))
+        self.kept_pending = keep
 
     def _free_original(self, tid):
         """Frees the saved tensor's own device memory in stream order after its D2H copy."""

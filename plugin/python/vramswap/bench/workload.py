@@ -21,11 +21,22 @@ Operations (tuples; the first element is the kind):
   ("sync",)                the host waits for the compute stream's work so far (as
                            loss.item() or a check of a value on the device does): nothing
                            it queues after can start before that work ends
+  ("keep", tid, frozen)    the tensor is kept (vramswap_keep): used again in every step
+                           outside backward's saves, a frozen weight (frozen True: its
+                           contents never change) or optimizer state (False); it may be
+                           off the device between its uses once a first "kdone" ended one
+  ("kuse", tid)            a use of a kept tensor begins (vramswap_use; the optimizer's,
+                           or a forward's: a frozen layer's weight cast)
+  ("kdone", tid)           that use ends (vramswap_mark_cold)
 
 Rules (validate() checks them): a tid is allocated once and freed at most once, and not
 used after its free; save/cold/use/release only between its alloc and free, in the order
 save < cold <= use < release (cold, use and release each optional, cold at most once; a
-tensor may be saved once); tensors never freed are live at the end (final_live_bytes).
+tensor may be saved once); tensors never freed are live at the end (final_live_bytes). A
+tensor is kept at most once, between its alloc and free; its kuse and kdone alternate, from a
+kuse, and it is not freed in use. A kept tensor may also be saved (autograd saving a frozen
+weight): between its last kdone and its next kuse, backward's use of it goes through
+save/use/release.
 An "alloc" inside a "forward" phase of a tensor that is later saved is what vramswap would
 tag inside an offload scope.
 
@@ -34,7 +45,7 @@ Thread safety: plain data; build it on one thread.
 from dataclasses import dataclass, field
 
 PHASES = ("forward", "backward", "optimizer", "other")
-KINDS = ("alloc", "free", "compute", "save", "cold", "use", "release", "phase", "sync")
+KINDS = ("alloc", "free", "compute", "save", "cold", "use", "release", "phase", "sync", "keep", "kuse", "kdone")
 
 
 class WorkloadError(ValueError):
@@ -71,6 +82,15 @@ class Workload:
 
     def sync(self):
         self.ops.append(("sync",))
+
+    def keep(self, tid, frozen):
+        self.ops.append(("keep", tid, bool(frozen)))
+
+    def kuse(self, tid):
+        self.ops.append(("kuse", tid))
+
+    def kdone(self, tid):
+        self.ops.append(("kdone", tid))
 
     def phase(self, name):
         if name not in PHASES:
@@ -131,6 +151,7 @@ class Workload:
         """Raises WorkloadError at the first op that breaks the rules; returns self."""
         state = {}  # tid -> "live" | "freed"
         saved = {}  # tid -> stage reached: save, cold, use, release
+        kept = {}   # tid -> in use (between kuse and kdone)
         order = {"save": 0, "cold": 1, "use": 2, "release": 3}
         for i, op in enumerate(self.ops):
             kind = op[0]
@@ -158,7 +179,22 @@ class Workload:
                 what = "after its free" if state.get(tid) == "freed" else "before any alloc"
                 raise WorkloadError(f"op {i}: {kind} of tensor {tid} {what}")
             if kind == "free":
+                if kept.get(tid):
+                    raise WorkloadError(f"op {i}: free of kept tensor {tid} while in use (no kdone since its kuse)")
                 state[tid] = "freed"
+                continue
+            if kind == "keep":
+                if tid in kept:
+                    raise WorkloadError(f"op {i}: tensor {tid} kept twice")
+                kept[tid] = False
+                continue
+            if kind in ("kuse", "kdone"):
+                if tid not in kept:
+                    raise WorkloadError(f"op {i}: {kind} of tensor {tid}, which was never kept")
+                if kept[tid] == (kind == "kuse"):
+                    what = "already in use" if kind == "kuse" else "not in use"
+                    raise WorkloadError(f"op {i}: {kind} of kept tensor {tid}, {what}")
+                kept[tid] = kind == "kuse"
                 continue
             stage = saved.get(tid)
             if kind == "save":
