@@ -282,8 +282,11 @@ def kept_step(frozen, in_setup):
 def test_kept():
     """Out between its uses, W comes back after A: 2 ms of H2D with no compute to hide it.
     Copying it out first takes another 2 ms while A waits, unless the host copy is valid
-    already: a frozen W (its contents never change), or one whose last use was before the
-    step (its copy made in the step before)."""
+    already: a frozen W (its contents never change). One the step changes, last used before
+    the step, is out at its start only once copied after its last use in the step before,
+    which ends that step; the bound cannot tell where a step's stalls fall, and a stall after
+    that use would give the copy its time: it lets the 2 ms the step must stall anyway serve
+    (a real policy stalls 4 ms here)."""
     for frozen, in_setup, stall in ((False, False, 4), (True, False, 2), (False, True, 2), (True, True, 2)):
         w, first = kept_step(frozen, in_setup)
         compute = (11 if in_setup else 12) * MS
@@ -291,6 +294,22 @@ def test_kept():
         check(f"kept {'frozen' if frozen else 'changing'}, last used {'before' if in_setup else 'in'} the step: "
               f"stall {stall} ms", b.feasible and b.bound_ns == compute + stall * MS and b.must_leave_bytes == 2 * MB,
               show(b))
+    # Last used 5 ms before the step's end: its copy is done by the time the next step needs it.
+    w = Workload("kept, used early")
+    w.alloc("W", 4 * MB)
+    w.keep("W", False)
+    w.kuse("W")
+    w.kdone("W")
+    w.phase("forward")
+    w.alloc("A", 4 * MB)
+    w.compute(10 * MS)
+    w.free("A")
+    w.kuse("W")
+    w.kdone("W")
+    w.compute(5 * MS)
+    b = bound.lower_bound(w.validate(), 6 * MB, RATE, first_op=4)
+    check("kept, changed 5 ms before the step's end: copied by the next step's need, then 2 ms back",
+          b.feasible and b.bound_ns == 17 * MS, show(b))
     # Never used again in the step: out to its end, nothing comes back.
     w = Workload("kept, not used again")
     w.alloc("W", 4 * MB)

@@ -94,7 +94,14 @@ interval counts as a tensor of its own, that must come back when a kuse ends it.
 copy is needed only where the contents changed and no copy of them is on the host: never
 for a frozen tensor (its host copy, once made, stays valid: counted as made, which can only
 lower the bound; the first step's real first copy is not charged), and not for an interval
-that began before `first_op` (in a repeated step the copy was made in the step before).
+that began before `first_op` when the step does not change it. One the step changes (used
+in it: optimizer state) is out at the step's start only once copied after its last use in
+the step before: its copy is released at that use's time less the step's compute and less
+the stalls after that use in the step before, on the engine as any other. Those stalls are
+at most the step's total stall S, and S must cover the stall the walks need with S of
+extra time for those copies (more time only lowers it): the bound is the least such S,
+found by bisection between the stall with those copies free (the least possible) and the
+stall they need given that much time.
 A kept tensor's saved uses (backward's pack and unpack of a frozen weight) do not end an
 interval here: eligible for longer, the bound can only be lower.
 
@@ -137,7 +144,7 @@ class Bound:
 
 
 class _Tensor:
-    __slots__ = ("size", "cold", "end", "used", "d2h")
+    __slots__ = ("size", "cold", "end", "used", "d2h", "released", "wrap")
 
     def __init__(self, size, d2h=True):
         self.size = size
@@ -145,6 +152,9 @@ class _Tensor:
         self.end = None    # op index of its first use, or of its free when never used
         self.used = False  # `end` is a use (it must come back)
         self.d2h = d2h     # being out needs a copy to the host (Note [Kept tensors])
+        self.released = None  # compute time its copy out may start, when not its cold op's
+        self.wrap = None      # a kept tensor's first interval, changed by the step: its last
+                              # use's time less the step's compute (Note [Kept tensors])
 
 
 def _scan(ops, first_op, overhead, limit):
@@ -153,6 +163,7 @@ def _scan(ops, first_op, overhead, limit):
     total compute, max X, where)."""
     sizes, tensors = {}, {}
     kept = {}  # kept tid -> [frozen, intervals so far, the open interval or None]
+    last_kdone = {}  # kept tid that changes -> its last kdone in the step
     live = 0
     t = 0
     times = [0] * (len(ops) + 1)
@@ -198,6 +209,8 @@ def _scan(ops, first_op, overhead, limit):
             tb.cold = k
             tensors[(tid, count)] = tb
             kept[tid] = [frozen, count + 1, tb]
+            if k >= first_op and not frozen:
+                last_kdone[tid] = k
         elif kind == "kuse":
             tb = kept[tid][2]
             if tb is not None:
@@ -215,6 +228,11 @@ def _scan(ops, first_op, overhead, limit):
     for tb in tensors.values():
         if tb.end is None:
             tb.end = n  # live at the end, never used: out at the end needs no fetch
+    # A kept tensor the step changes is out at its start only once copied after its last use
+    # in the step before: released that long before the step (Note [Kept tensors]).
+    for (tid, count), tb in ((key, tb) for key, tb in tensors.items() if isinstance(key, tuple)):
+        if tb.cold < first_op and tid in last_kdone:
+            tb.wrap = times[last_kdone[tid]] - t
     return tensors, times, constraints, t, worst
 
 
@@ -283,6 +301,37 @@ def lower_bound(workload, limit_bytes, pcie_gbps, duplex="full", overhead_bytes=
     base = dict(compute_ns=compute, must_leave_bytes=worst[0], must_leave_at_ns=worst[1],
                 must_leave_phase=worst[2], limit_bytes=limit, overhead_bytes=overhead,
                 pcie_gbps=rate, duplex=duplex)
+    wrap = [tb for tb in tensors.values() if tb.wrap is not None]
+
+    def walk(lead):
+        """The bound with the copies of the kept tensors the step changes released `lead`
+        ns before (None: free, as if made long before)."""
+        for tb in wrap:
+            tb.d2h = lead is not None
+            tb.released = None if lead is None else tb.wrap - lead
+        return _walk(ops, tensors, times, constraints, worst, base, rate, duplex, limit, overhead)
+
+    b = walk(None)
+    if not wrap or not b.feasible:
+        return b
+    # Note [Kept tensors]: the least stall S with S >= the stall the walk needs given S more
+    # lead for those copies (the walk's stall only falls as the lead grows).
+    lo, hi = b.stall_ns, walk(b.stall_ns).stall_ns
+    if hi <= lo:
+        return b
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if walk(mid).stall_ns <= mid:
+            hi = mid
+        else:
+            lo = mid
+    b = walk(hi)
+    return Bound(**{**b.as_dict(), "bound_ns": compute + hi, "stall_ns": hi})
+
+
+def _walk(ops, tensors, times, constraints, worst, base, rate, duplex, limit, overhead):
+    """The two walks and the best split (Note [The fluid relaxation]) -> Bound."""
+    compute = base["compute_ns"]
     if not constraints:
         return Bound(bound_ns=compute, stall_ns=0, d2h_stall_ns=0, h2d_stall_ns=0, both_stall_ns=0,
                      split_ns=None, **base)
@@ -302,8 +351,9 @@ def lower_bound(workload, limit_bytes, pcie_gbps, duplex="full", overhead_bytes=
             if tid in eng.jobs:
                 eng.remove(tid)
         for tid in colds.get(k, ()):
-            if tensors[tid].end > k:
-                eng.add(tid, tensors[tid].size, times[k] + stall, needs_copy=tensors[tid].d2h)
+            tb = tensors[tid]
+            if tb.end > k:
+                eng.add(tid, tb.size, times[k] + stall if tb.released is None else tb.released, needs_copy=tb.d2h)
         x = is_constraint.get(k)
         if x is None:
             continue

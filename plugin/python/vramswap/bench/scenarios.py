@@ -74,6 +74,7 @@ class Scenario:
     hbm_gbps: float = None
     available: object = None             # () -> None when it can run, else the reason it cannot
     notes: str = ""                      # what a reader of the results should know (README)
+    kept: bool = False                   # its workload keeps tensors (frozen weights, optimizer state)
     _workload: object = field(default=None, repr=False)
 
     def workload(self):
@@ -142,6 +143,24 @@ SCENARIOS = {s.name: s for s in (
     Scenario("gpt-1.3b-flash", "GPT 1.3B as gpt-1.3b with flash attention (scaled_dot_product_attention): no "
              "T x T tensors saved",
              _gpt(layers=24, hidden=2048, heads=16, seq=2048, batch=8, attention="flash"), **H100),
+    # Kept tensors (vramswap.offload_frozen, offload_optimizer): what moves between uses of
+    # tensors that outlive the step, beside the saved activations.
+    Scenario("gpt-small-lora", "GPT-2 small with LoRA (rank 16) on every block's four Linears: their weights "
+             "frozen and kept (vramswap.offload_frozen), the adapters, embeddings and norms trained; sequence "
+             "1024, batch 8, bf16, eager attention, fused AdamW",
+             _gpt(layers=12, hidden=768, heads=12, seq=1024, batch=8, lora_rank=16), **H100, kept=True,
+             notes="The frozen weights (324 MiB, fp32) are read once a step, by autocast's cast in the forward: "
+                   "once copied to the host they leave with no copy. offload_all stands for axolotl's layer "
+                   "offloading beside save_on_cpu: each frozen weight out after its use (copied the first time "
+                   "only) and back at its next use."),
+    Scenario("gpt-medium-adamw", "GPT-2 medium (355M): 24 layers, hidden 1024, 16 heads, sequence 512, batch 1, "
+             "bf16, eager attention, fused AdamW run per layer with its state kept (vramswap.offload_optimizer): "
+             "parameters, gradients and AdamW state are 73% of the peak",
+             _gpt(layers=24, hidden=1024, heads=16, seq=512, batch=1, kept_optimizer=True), **H100, kept=True,
+             notes="AdamW's state (2.6 GiB) changes in every step: whatever of it leaves is copied out after "
+                   "each optimizer step and back before the next. offload_all stands for ZeRO-Offload's state "
+                   "movement with the optimizer kept on the GPU: each layer's state out after its step, back "
+                   "at the next."),
     Scenario("vgg16-b128", "VGG-16, batch 128, fp32, SGD with momentum (the vDNN case)", _vgg(batch=128), **TITAN_X,
              notes="At 50% the limit is below the step's working set: the backward of pool1 alone needs its "
                    "saved input, its indices and a new input gradient (1.53 GiB each at batch 128) beside the "
