@@ -126,16 +126,8 @@ class OffloadAllPolicy(NonePolicy):
         if kind == "save":
             host = ctypes.c_void_p()
             cu.check(cu.rt.cudaHostAlloc(ctypes.byref(host), n, 0), "cudaHostAlloc")
-            ready = cu.event()
-            cu.check(cu.rt.cudaEventRecord(ready, s), "cudaEventRecord")
-            cu.check(cu.rt.cudaStreamWaitEvent(self.d2h, ready, 0), "cudaStreamWaitEvent")
-            cu.check(cu.rt.cudaMemcpyAsync(host, it.ptr[tid], n, 2, self.d2h), "cudaMemcpyAsync D2H")
-            out = cu.event()
-            cu.check(cu.rt.cudaEventRecord(out, self.d2h), "cudaEventRecord")
-            it.drain()
-            self.copy_end[tid] = it.last_copy_end
+            self.out_event[tid], self.copy_end[tid] = self._copy_out(it.ptr[tid], host.value, n)
             self.host[tid] = host.value
-            self.out_event[tid] = out
             self.host_live += n
             self.peak_host = max(self.peak_host, self.host_live)
             self.seq += 1
@@ -186,15 +178,9 @@ class OffloadAllPolicy(NonePolicy):
                     k["host"] = host.value
                     self.host_live += n
                     self.peak_host = max(self.peak_host, self.host_live)
-                ready = cu.event()
-                cu.check(cu.rt.cudaEventRecord(ready, s), "cudaEventRecord")
-                cu.check(cu.rt.cudaStreamWaitEvent(self.d2h, ready, 0), "cudaStreamWaitEvent")
-                cu.check(cu.rt.cudaMemcpyAsync(k["host"], it.ptr[tid], n, 2, self.d2h), "cudaMemcpyAsync D2H")
-                out = cu.event()
-                cu.check(cu.rt.cudaEventRecord(out, self.d2h), "cudaEventRecord")
-                it.drain()
+                out, end = self._copy_out(it.ptr[tid], k["host"], n)
                 k["out_event"] = out
-                self.kept_pending.append((it.ptr[tid], n, it.last_copy_end, out))
+                self.kept_pending.append((it.ptr[tid], n, end, out))
                 self._reap_originals()
             k["out"] = True
             return True
@@ -217,26 +203,48 @@ class OffloadAllPolicy(NonePolicy):
         """Starts the H2D copy of a kept tensor into a new device block (it is on the device
         again from here: its `out` goes). False when there is no memory for it."""
         it = self.it
-        cu, s = it.cu, it.compute
         k = self.kept_state[tid]
-        n = it.size[tid]
+        copied = self._copy_in(i, f"kept tensor {tid}", it.size[tid], k["host"], k["out_event"], prefetch)
+        if copied is None:
+            return False
+        it.ptr[tid], k["in_event"] = copied
+        k["out"] = False
+        return True
+
+    def _copy_in(self, i, what, n, host, out_event, prefetch):
+        """A new device block of `n` bytes and the H2D copy of `host` into it, after the copy
+        out that made `host` (`out_event`, None: none) -> (pointer, its "in" event), or None
+        when there is no memory for it: an out-of-memory for a use, a prefetch left for later."""
+        it = self.it
+        cu, s = it.cu, it.compute
         p = it.vs.vramswap_malloc(n, 0, s) if prefetch else self.malloc(n)
         if not p:
             if not prefetch:
-                it.oom(i, f"restore of kept tensor {tid} ({n} bytes)")
-            return False
+                it.oom(i, f"restore of {what} ({n} bytes)")
+            return None
         ready = cu.event()
         cu.check(cu.rt.cudaEventRecord(ready, s), "cudaEventRecord")
         cu.check(cu.rt.cudaStreamWaitEvent(self.h2d, ready, 0), "cudaStreamWaitEvent")
-        if k["out_event"] is not None:
-            cu.check(cu.rt.cudaStreamWaitEvent(self.h2d, k["out_event"], 0), "cudaStreamWaitEvent")
-        cu.check(cu.rt.cudaMemcpyAsync(p, k["host"], n, 1, self.h2d), "cudaMemcpyAsync H2D")
+        if out_event is not None:
+            cu.check(cu.rt.cudaStreamWaitEvent(self.h2d, out_event, 0), "cudaStreamWaitEvent")
+        cu.check(cu.rt.cudaMemcpyAsync(p, host, n, 1, self.h2d), "cudaMemcpyAsync H2D")
         done = cu.event()
         cu.check(cu.rt.cudaEventRecord(done, self.h2d), "cudaEventRecord")
-        it.ptr[tid] = p
-        k["in_event"] = done
-        k["out"] = False
-        return True
+        return p, done
+
+    def _copy_out(self, src, host, n):
+        """The D2H copy of `n` bytes at `src` into `host`, after the compute stream's work so
+        far -> (its "out" event, the copy's virtual end)."""
+        it = self.it
+        cu = it.cu
+        ready = cu.event()
+        cu.check(cu.rt.cudaEventRecord(ready, it.compute), "cudaEventRecord")
+        cu.check(cu.rt.cudaStreamWaitEvent(self.d2h, ready, 0), "cudaStreamWaitEvent")
+        cu.check(cu.rt.cudaMemcpyAsync(host, src, n, 2, self.d2h), "cudaMemcpyAsync D2H")
+        out = cu.event()
+        cu.check(cu.rt.cudaEventRecord(out, self.d2h), "cudaEventRecord")
+        it.drain()
+        return out, it.last_copy_end
 
     def quiesce(self):
         self._reap_originals(everything=True)
@@ -317,21 +325,9 @@ class OffloadAllPolicy(NonePolicy):
     def _restore(self, i, tid, prefetch=False):
         """Starts the H2D copy of a saved tensor into a new device block. False when there is
         no memory for it: an out-of-memory for a use, a prefetch left for later."""
-        it = self.it
-        cu, s = it.cu, it.compute
-        n = it.size[tid]
-        p = it.vs.vramswap_malloc(n, 0, s) if prefetch else self.malloc(n)
-        if not p:
-            if not prefetch:
-                it.oom(i, f"restore of tensor {tid} ({n} bytes)")
+        copied = self._copy_in(i, f"tensor {tid}", self.it.size[tid], self.host[tid], self.out_event[tid], prefetch)
+        if copied is None:
             return False
-        ready = cu.event()
-        cu.check(cu.rt.cudaEventRecord(ready, s), "cudaEventRecord")
-        cu.check(cu.rt.cudaStreamWaitEvent(self.h2d, ready, 0), "cudaStreamWaitEvent")
-        cu.check(cu.rt.cudaStreamWaitEvent(self.h2d, self.out_event[tid], 0), "cudaStreamWaitEvent")
-        cu.check(cu.rt.cudaMemcpyAsync(p, self.host[tid], n, 1, self.h2d), "cudaMemcpyAsync H2D")
-        done = cu.event()
-        cu.check(cu.rt.cudaEventRecord(done, self.h2d), "cudaEventRecord")
-        # No record_stream: the compute stream waits for `done` before the copy is freed.
-        self.restored[tid] = (p, done)
+        # No record_stream: the compute stream waits for its "in" event before the copy is freed.
+        self.restored[tid] = copied
         return True
