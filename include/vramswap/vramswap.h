@@ -180,7 +180,7 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * step), num_plan_backoffs (planned steps slower than the reactive policy's, each sending
  * the next steps back to it for a while), num_plan_fetch_moves (planned fetches moved
  * earlier because they landed late while the copy stream idled before them),
- * num_plan_fetch_moves_undone (of those, moved back because the step was slower),
+ * num_plan_fetch_moves_undone (of those, moved back because the step was no faster),
  * planned_bytes_d2h (bytes the plan's evictions copied out), disk_bytes (evicted blocks on the disk tier now, VRAMSWAP_DISK_DIR),
  * disk_bytes_written (moved from pinned memory to it), disk_bytes_read (brought back),
  * disk_bytes_read_ahead (of those, read back ahead of use, while compute ran),

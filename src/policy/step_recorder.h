@@ -166,7 +166,7 @@ class StepRecorder {
   // True when the step that began last runs reactive because of a back-off.
   bool backing_off() const { return skipping_; }
   uint64_t num_divergences() const { return divergences_; }
-  // Fetches moved earlier for landing late, and moves undone because the step was slower.
+  // Fetches moved earlier for landing late, and moves undone because the step was no faster.
   uint64_t num_fetch_moves() const { return fetch_moves_; }
   uint64_t num_fetch_moves_undone() const { return fetch_moves_undone_; }
   // The points of the step that ended last (the recording the plan is made from).

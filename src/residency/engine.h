@@ -142,7 +142,7 @@ struct EngineStats {
   uint64_t num_plan_divergences = 0;  // steps that stopped following it (a different step)
   uint64_t num_plan_backoffs = 0;     // planned steps slower than the reactive policy's
   uint64_t num_plan_fetch_moves = 0;  // planned fetches moved earlier for landing late
-  uint64_t num_plan_fetch_moves_undone = 0;  // of those, moved back: the step was slower
+  uint64_t num_plan_fetch_moves_undone = 0;  // of those, moved back: the step was no faster
   uint64_t planned_bytes_d2h = 0;     // bytes the plan's evictions copied out (landed)
   uint64_t disk_bytes = 0;            // evicted blocks on the disk tier now
   uint64_t disk_bytes_written = 0;    // bytes moved from pinned memory to the disk tier, ever
