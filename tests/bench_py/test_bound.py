@@ -279,6 +279,21 @@ def kept_step(frozen, in_setup):
     return w.validate(), first
 
 
+def kept_then_a(name, frozen):
+    """W (4 MB) kept and last used before the step (ops 0-3: first_op 4), then A (4 MB) for
+    10 ms under a 6 MB limit, in a forward."""
+    w = Workload(name)
+    w.alloc("W", 4 * MB)
+    w.keep("W", frozen)
+    w.kuse("W")
+    w.kdone("W")
+    w.phase("forward")
+    w.alloc("A", 4 * MB)
+    w.compute(10 * MS)
+    w.free("A")
+    return w
+
+
 def test_kept():
     """Out between its uses, W comes back after A: 2 ms of H2D with no compute to hide it.
     Copying it out first takes another 2 ms while A waits, unless the host copy is valid
@@ -295,15 +310,7 @@ def test_kept():
               f"stall {stall} ms", b.feasible and b.bound_ns == compute + stall * MS and b.must_leave_bytes == 2 * MB,
               show(b))
     # Last used 5 ms before the step's end: its copy is done by the time the next step needs it.
-    w = Workload("kept, used early")
-    w.alloc("W", 4 * MB)
-    w.keep("W", False)
-    w.kuse("W")
-    w.kdone("W")
-    w.phase("forward")
-    w.alloc("A", 4 * MB)
-    w.compute(10 * MS)
-    w.free("A")
+    w = kept_then_a("kept, used early", False)
     w.kuse("W")
     w.kdone("W")
     w.compute(5 * MS)
@@ -311,15 +318,7 @@ def test_kept():
     check("kept, changed 5 ms before the step's end: copied by the next step's need, then 2 ms back",
           b.feasible and b.bound_ns == 17 * MS, show(b))
     # Never used again in the step: out to its end, nothing comes back.
-    w = Workload("kept, not used again")
-    w.alloc("W", 4 * MB)
-    w.keep("W", True)
-    w.kuse("W")
-    w.kdone("W")
-    w.phase("forward")
-    w.alloc("A", 4 * MB)
-    w.compute(10 * MS)
-    w.free("A")
+    w = kept_then_a("kept, not used again", True)
     b = bound.lower_bound(w.validate(), 6 * MB, RATE, first_op=4)
     check("kept, out to the end: no stall", b.feasible and b.bound_ns == 10 * MS, show(b))
     # In use, never eligible: the working set does not fit.

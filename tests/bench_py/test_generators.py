@@ -139,7 +139,7 @@ def test_grid():
         # each kept tensor: one use in setup, then one per step (a frozen weight's cast is made
         # once per autocast region: once per microbatch, twice with checkpointing's recompute)
         per_step = {t: n - 1 for t, n in uses.items()}
-        if len(frozen) != want_frozen or (kept and not any(not f for f in (t in frozen for t in uses))):
+        if len(frozen) != want_frozen or (kept and not set(uses) - frozen):
             bad.append(f"{label}: {len(frozen)} frozen kept tensors (want {want_frozen}), kept state {kept}")
         elif any(n < 1 for n in per_step.values()):
             bad.append(f"{label}: a kept tensor never used in the step")
