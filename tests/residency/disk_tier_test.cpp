@@ -128,30 +128,41 @@ TEST(DiskTier, FreedSpaceIsReusedAndTheFileShrinksAtItsEnd) {
 // A filesystem that takes no more (here: a file-size limit on the process, which the
 // kernel enforces as it would a full disk): reserve() says so, naming the directory, and
 // what was written before comes back whole.
-// The child's side: exits 0 when everything went as it must, else a code saying where not.
-[[noreturn]] void fill_a_small_filesystem(const std::string& dir) {
+// The child's side: 0 when everything went as it must, else a code saying where not.
+int fill_a_small_filesystem(const std::string& dir) {
   std::signal(SIGXFSZ, SIG_IGN);
   rlimit small{};
   small.rlim_cur = small.rlim_max = 2 * kMiB;
-  if (::setrlimit(RLIMIT_FSIZE, &small) != 0) std::_Exit(3);
+  if (::setrlimit(RLIMIT_FSIZE, &small) != 0) return 3;
   std::string error;
   auto tier = DiskTier::open({dir, 64 * kMiB}, &error);
-  if (!tier) std::_Exit(4);
+  if (!tier) return 4;
   const auto data = pattern(kMiB, 11);
   const auto first = tier->reserve(kMiB, &error);
-  if (!first || !tier->wait(tier->write(*first, data.data(), data.size())).empty()) std::_Exit(5);
-  if (tier->reserve(4 * kMiB, &error)) std::_Exit(6);
+  if (!first || !tier->wait(tier->write(*first, data.data(), data.size())).empty()) return 5;
+  if (tier->reserve(4 * kMiB, &error)) return 6;
   std::fprintf(stderr, "%s\n", error.c_str());
   std::vector<unsigned char> back(kMiB);
-  if (!tier->wait(tier->read(*first, back.data(), back.size())).empty() || back != data) std::_Exit(7);
-  std::_Exit(0);
+  if (!tier->wait(tier->read(*first, back.data(), back.size())).empty() || back != data) return 7;
+  return 0;
+}
+
+// The threadsafe style runs the test's body again in the child, which makes a directory of
+// its own; it exits without destructors, so it removes that directory itself (the tier's
+// file has no name in it), or a run would leave one behind.
+[[noreturn]] void fill_a_small_filesystem_and_exit(TempDir& dir) {
+  const int code = fill_a_small_filesystem(dir.path());
+  std::_Exit(dir.remove() ? code : 8);
 }
 
 TEST(DiskTierDeathTest, AFullFilesystemIsAClearErrorAndLosesNothing) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  TempDir dir("vramswap-disk-test");
-  EXPECT_EXIT(fill_a_small_filesystem(dir.path()), ::testing::ExitedWithCode(0),
+  const char* prefix = "vramswap-disk-death-test";
+  const size_t before = TempDir::count(prefix);
+  TempDir dir(prefix);
+  EXPECT_EXIT(fill_a_small_filesystem_and_exit(dir), ::testing::ExitedWithCode(0),
               "cannot reserve 4 MiB for the disk tier in .*: File too large");
+  EXPECT_EQ(before + 1, TempDir::count(prefix)) << "the child's directory is left behind (the test's own is 1)";
 }
 
 TEST(DiskTier, ThreadsReservingWritingAndReadingAtOnce) {

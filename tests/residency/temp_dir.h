@@ -19,14 +19,27 @@ class TempDir {
  public:
   // `prefix`: the directory's name before the random part.
   explicit TempDir(const char* prefix = "vramswap-test") {
-    const char* base = std::getenv("TMPDIR");
-    std::string templ = std::string(base && *base ? base : "/tmp") + "/" + prefix + "-XXXXXX";
+    std::string templ = base() + "/" + prefix + "-XXXXXX";
     path_ = ::mkdtemp(templ.data()) ? templ : "";
   }
-  ~TempDir() {
-    if (path_.empty()) return;
+  ~TempDir() { remove(); }
+  // Removes the directory with the files left in it (once); false when that failed.
+  bool remove() {
+    if (path_.empty()) return true;
     for (const std::string& name : entries()) ::unlink((path_ + "/" + name).c_str());
-    ::rmdir(path_.c_str());
+    const bool removed = ::rmdir(path_.c_str()) == 0;
+    path_.clear();
+    return removed;
+  }
+  // How many directories made with `prefix` exist now.
+  static size_t count(const char* prefix) {
+    const std::string start = std::string(prefix) + "-";
+    size_t n = 0;
+    if (DIR* d = ::opendir(base().c_str())) {
+      while (dirent* e = ::readdir(d)) n += std::strncmp(e->d_name, start.c_str(), start.size()) == 0;
+      ::closedir(d);
+    }
+    return n;
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
@@ -45,6 +58,10 @@ class TempDir {
   }
 
  private:
+  static std::string base() {
+    const char* dir = std::getenv("TMPDIR");
+    return dir && *dir ? dir : "/tmp";
+  }
   std::string path_;
 };
 
