@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <queue>
 #include <set>
+#include <tuple>
 
 namespace vramswap::policy {
 namespace {
@@ -24,16 +25,16 @@ class CopyQueue {
     if (!timed_) return 0;
     const StepBlock& s = step_.blocks[b];
     uint64_t start = time(s.cold);
-    auto it = order_.lower_bound({s.cold, b});
-    if (it != order_.begin()) start = std::max(start, landed_[std::prev(it)->second]);
+    auto it = order_.lower_bound(key(b));
+    if (it != order_.begin()) start = std::max(start, landed_[std::get<2>(*std::prev(it))]);
     return start + duration(s.bytes);
   }
   void add(uint32_t b) {
-    order_.insert({step_.blocks[b].cold, b});
+    order_.insert(key(b));
     if (landed_.size() < step_.blocks.size()) landed_.assign(step_.blocks.size(), 0);
     // Every copy after it may land later now.
     uint64_t free_at = 0;
-    for (const auto& [cold, v] : order_) {
+    for (const auto& [cold, rank, v] : order_) {
       const uint64_t start = std::max(time(cold), free_at);
       landed_[v] = timed_ ? start + duration(step_.blocks[v].bytes) : 0;
       free_at = landed_[v];
@@ -42,10 +43,16 @@ class CopyQueue {
   uint64_t landed(uint32_t b) const { return landed_[b]; }
 
  private:
+  // Copies queue in the order their blocks go cold; blocks cold at the same point (kept
+  // blocks, cold as the step begins) in the order they are needed, the furthest first.
+  std::tuple<uint32_t, int64_t, uint32_t> key(uint32_t b) const {
+    const StepBlock& s = step_.blocks[b];
+    return {s.cold, -int64_t(s.use == kNoPoint ? UINT32_MAX : s.use), b};
+  }
   const RecordedStep& step_;
   const bool timed_;
   const double rate_;
-  std::set<std::pair<uint32_t, uint32_t>> order_;  // (cold point, block)
+  std::set<std::tuple<uint32_t, int64_t, uint32_t>> order_;  // (cold point, -use point, block)
   std::vector<uint64_t> landed_;
 };
 

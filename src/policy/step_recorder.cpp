@@ -18,9 +18,9 @@ void StepRecorder::begin_step() {
   if (skip_ > 0) --skip_;
 }
 
-uint32_t StepRecorder::new_block(uint64_t bytes) {
+uint32_t StepRecorder::new_block(uint64_t bytes, bool cold_from_start) {
   if (!active_ || overflow_) return kNoPoint;
-  step_.blocks.push_back({bytes, kNoPoint, kNoPoint});
+  step_.blocks.push_back({bytes, cold_from_start ? 0u : kNoPoint, kNoPoint});
   return uint32_t(step_.blocks.size() - 1);
 }
 

@@ -122,8 +122,9 @@ class StepRecorder {
   // step's planned fetches that landed late (feedback: Note [Late fetches]).
   void plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns, const std::vector<LateFetch>& late = {});
 
-  // The ordinal in the current step of a block packed for the first time in it.
-  uint32_t new_block(uint64_t bytes);
+  // The ordinal in the current step of a block packed for the first time in it, or (with
+  // `cold_from_start`) of a kept block cold as the step begins: cold from its first point.
+  uint32_t new_block(uint64_t bytes, bool cold_from_start = false);
 
   // Records a point of the current step (nothing outside a step); `block` is the block's
   // ordinal (kNoPoint for points that name none), `demand` the pool's since the point
@@ -139,6 +140,10 @@ class StepRecorder {
   // come).
   bool planned_out(uint32_t block) const {
     return planned_victim(block) && plan_.fetch_at[block] != kNoPoint && step_.demand.size() <= plan_.fetch_at[block];
+  }
+  // The point at which the recording needed `block` (kNoPoint: never, or not recorded).
+  uint32_t recorded_use(uint32_t block) const {
+    return block < recorded_use_.size() ? recorded_use_[block] : kNoPoint;
   }
   // Following: the blocks whose fetch starts after point `p`, in order of use.
   const std::vector<uint32_t>& fetches_after(uint32_t p) const;

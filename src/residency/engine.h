@@ -79,6 +79,21 @@
 //   next eviction copies it out again.
 // * unkeep() makes it an ordinary block again (brought back first, as release does).
 //
+// Note [Kept blocks in the plan]
+// ------------------------------
+// A step's plan (policy/planner.h) covers its kept blocks too: each kept block cold as the
+// step begins (not in use, not saved by autograd) is a block of the step, numbered then in
+// slot order, cold from the step's first point and needed at its first use in the step (the
+// optimizer's state: after backward; a frozen weight: in its layer's forward). The plan's
+// victims among them start their copies as the step begins, the one needed furthest first:
+// the order in which Belady's rule takes them and the planner queues their copies (queued
+// in slot order, each victim taken later went ahead of those taken before it and pushed
+// them late: on the AdamW-state step at 90% of its peak the walk took 2.5 GiB of state, and
+// the plan kept 1.0 GiB of state and activations where 0.83 GiB must leave). A numbered
+// block that autograd saves keeps its number; the others lose it as the step ends and are
+// numbered again as the next one begins. Not done: a victim's copy does not start at its
+// last use in the step before (DESIGN.md, "Kept blocks").
+//
 // Thread safety: one mutex per engine guards its state. It is held while copies are
 // queued and, when memory is needed at once, while waiting for eviction copies to
 // complete (so other threads' calls on this device wait too: that only happens when the

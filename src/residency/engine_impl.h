@@ -381,6 +381,8 @@ class Engine::Impl : private policy::ReactiveEngine {
   // nothing is tracked).
   void end_step();
   void end_step_if_done();
+  // Numbers the kept blocks cold as a step begins (Note [Kept blocks in the plan], engine.h).
+  void number_kept_blocks();
   void untrack(Slot& s, uint32_t slot);
   void drop_deferred(bool wait);
   void update_peaks();

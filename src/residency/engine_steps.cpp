@@ -12,14 +12,52 @@ void Engine::Impl::begin_step() {
   plan_next_step();
   pool_.take_allocated_high();  // the demand is counted from here
   recorder_.begin_step();
+  number_kept_blocks();
   stats::log(stats::LogLevel::kDebug, "device %d: a step begins: %s", device_,
              recorder_.following() ? "it follows the plan"
              : recorder_.backing_off() ? "the watermarks decide (the plan is backing off), and it is recorded"
                                        : "the watermarks decide, and it is recorded");
 }
 
+// Kept blocks cold as the step begins are blocks of the step, cold from its first point and
+// needed at their first use; the plan's victims among them start their copies now, the one
+// needed furthest first (the order the plan counts them in).
+void Engine::Impl::number_kept_blocks() {
+  if (!recorder_.active()) return;
+  std::vector<uint32_t> victims;
+  for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+    Slot& s = slots_[slot];
+    if (!s.live || !s.kept || !s.cold || s.packs > 0 || s.step_block != policy::kNoPoint) continue;
+    s.step_block = recorder_.new_block(s.placed, true);
+    if (s.step_block == policy::kNoPoint) break;
+    if (step_slots_.size() <= s.step_block) step_slots_.resize(s.step_block + 1, UINT32_MAX);
+    step_slots_[s.step_block] = slot;
+    if (recorder_.planned_victim(s.step_block) && s.residency == Residency::kResident) victims.push_back(slot);
+  }
+  auto use = [&](uint32_t slot) {
+    const uint32_t u = recorder_.recorded_use(slots_[slot].step_block);
+    return u == policy::kNoPoint ? UINT64_MAX : uint64_t(u);
+  };
+  std::stable_sort(victims.begin(), victims.end(), [&](uint32_t a, uint32_t b) { return use(a) > use(b); });
+  for (uint32_t slot : victims) {
+    try {
+      if (start_eviction(slot)) slots_[slot].planned = true;
+    } catch (const std::exception& e) {
+      stats::log(stats::LogLevel::kWarn, "planned eviction of a kept block on device %d failed: %s (the block "
+                 "stays on the device)", device_, e.what());
+    }
+  }
+}
+
 void Engine::Impl::end_step() {
   recorder_.end_step();
+  // A kept block numbered at the step's start is numbered again at the next.
+  for (uint32_t b = 0; b < step_slots_.size(); ++b) {
+    const uint32_t slot = step_slots_[b];
+    if (slot < slots_.size() && slots_[slot].live && slots_[slot].kept && slots_[slot].packs == 0 &&
+        slots_[slot].step_block == b)
+      slots_[slot].step_block = policy::kNoPoint;
+  }
   step_slots_.clear();
   due_fetches_.clear();
 }

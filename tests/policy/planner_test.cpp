@@ -139,6 +139,25 @@ TEST(MakePlanTimed, WhenNoCopyCanLandInTimeTheOneThatLandsFirstIsChosen) {
   EXPECT_EQ(40u, plan.planned_bytes);
 }
 
+// Kept blocks cold as the step begins all go cold at point 0, and Belady takes them the one
+// needed furthest first. Their copies queue in that order too (the engine starts them so): a
+// block taken later joins the queue behind the others. Queued by ordinal instead (here the
+// reverse of need), each one taken went ahead of those taken before it and pushed one of
+// them past the point needing it, so the walk took every block and still fell short.
+// Ten blocks of 10 bytes, cold at point 0, needed at points 20-29 (block k at 20 + k); X = 40
+// at point 3 (t = 30): three copies land by then, and the fourth is the least wait.
+TEST(MakePlanTimed, BlocksColdAtOnePointQueueTheOneNeededFurthestFirst) {
+  RecordedStep step;
+  step.demand.assign(31, 10);
+  step.demand[3] = 50;
+  for (uint32_t k = 0; k < 10; ++k) step.blocks.push_back({10, 0, 20 + k});
+  step.time_ns = every_10ns(step.demand.size());
+  const Plan plan = make_plan(step, {10, 0, {}, 1.0, 0, 0});
+  EXPECT_EQ(std::vector<uint8_t>({0, 0, 0, 0, 0, 0, 1, 1, 1, 1}), plan.evict);
+  EXPECT_EQ(40u, plan.planned_bytes);
+  EXPECT_EQ(0u, plan.shortfall_bytes);
+}
+
 TEST(MakePlanTimed, TimesOfTheWrongLengthAreIgnored) {
   RecordedStep step{{10, 10, 10, 10, 50, 10, 10, 10, 10, 10, 10, 10}, {{40, 0, 9}, {40, 3, 11}}, {0, 10}};
   EXPECT_EQ(std::vector<uint8_t>({0, 1}), make_plan(step, {10, 0, {}, 1.0}).evict);

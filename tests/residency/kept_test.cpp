@@ -186,6 +186,44 @@ TEST_F(Kept, StateNeededAfterBackwardLeavesBeforeTheActivationsBackwardNeeds) {
   EXPECT_EQ("", engine_->check_invariants());
 }
 
+// Kept blocks in the plan (Note [Kept blocks in the plan] in residency/engine.h): a step that
+// repeats (a forward saving three activations on a card of four blocks, their backward, then
+// the optimizer's use of two state blocks, which it writes) is followed from its second run.
+// The state, cold as the step begins and needed after backward, is the plan's victim: its
+// copy starts as the step begins, before an allocation needs the room, no activation
+// leaves, and the state comes back as it was written.
+TEST_F(Kept, StateColdAsAStepBeginsIsThePlansVictimAndLeavesAsTheStepBegins) {
+  start_on_four_blocks(0);
+  auto state = keep_cold(2, 10, false);
+  for (int step = 1; step <= 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    engine_->graph_begin();
+    const EngineStats begun = stats();
+    if (step > 1) {
+      EXPECT_EQ(kBlock, begun.in_flight_bytes + begun.clean_bytes + begun.evicted_bytes)
+          << "the planned victim's copy starts as the step begins";
+    }
+    Saved acts = save_cold(3, uint8_t(80 + step));
+    const uint64_t faults = stats().num_faults;
+    unpack_all(acts, uint8_t(80 + step));
+    if (step > 1) {
+      EXPECT_EQ(faults, stats().num_faults) << "every activation stayed on the device";
+    }
+    release_all(acts);
+    for (size_t i = 0; i < state.size(); ++i) {
+      const auto used = engine_->use(state[i].second, stream_, Lane::kAfterBackward);
+      ASSERT_TRUE(used.ok) << used.message;
+      EXPECT_TRUE(holds(state[i].first, uint8_t(10 + 10 * (step - 1) + i))) << "state " << i;
+      fill(state[i].first, uint8_t(10 + 10 * step + i));
+      ASSERT_TRUE(engine_->mark_cold(state[i].second, stream_).ok);
+    }
+    EXPECT_EQ("", engine_->check_invariants());
+  }
+  EXPECT_EQ(1u, stats().num_planned_steps);  // the third ends as the next one begins
+  EXPECT_EQ(0u, stats().num_plan_divergences);
+  EXPECT_GE(stats().planned_bytes_d2h, 2 * kBlock);
+}
+
 TEST_F(Kept, CallsThatDoNotFitAKeptBlockAreRefusedAndAFreeEndsTheKeep) {
   start(16 * kMiB);
   void* p = tagged(1);
