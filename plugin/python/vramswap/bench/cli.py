@@ -327,9 +327,10 @@ def _must_show(done):
             continue
         if sr.name in kept_names and not any(l.startswith("### Kept") for l in out):
             out += ["", "### Kept tensors (the LoRA and AdamW-state scenarios)", "",
-                    "The plan covers saved activations only; frozen weights and optimizer state are moved by the "
-                    "watermarks and the prefetch window (DESIGN.md, \"Kept blocks\"), so these rows are not held "
-                    "to the planned-eviction bars above; they are listed against the same bars for comparison.", ""]
+                    "Kept tensors are in the plan as blocks cold from the step's start, their copies started as "
+                    "the step begins (DESIGN.md, \"Kept blocks\"); the bound lets them leave from their last use "
+                    "in the step before. These rows are issue 16's, listed against the planned-eviction bars "
+                    "above for comparison.", ""]
         for label in ("vramswap 90%", "vramswap 75%", "vramswap 50%"):
             r = next((r for r in sr.results if r["policy"] == "vramswap" and r.get("label") == label
                       and r.get("horizon") == 4), None)
@@ -382,10 +383,16 @@ def _must_show(done):
             "blocks, so at mild pressure one large block can be most of the excess.")
     if "**does not hold**" in kept_text:
         why.append(
-            "- Kept tensors are not in the plan: a frozen weight or a layer's optimizer state leaves when the "
-            "soft watermark or an allocation needs room, not as soon as its use ends, and comes back through "
-            "the prefetch window, not as early as memory allows; AdamW's state, changed by every step, is "
-            "copied out during the next forward.")
+            "- A kept tensor's copy out starts as the step begins, not at its last use in the step before, "
+            "where the bound starts it: AdamW's state, changed by every step, is copied out during the next "
+            "forward, which waits for it. Started at that last use, the copies for the next step ran past the "
+            "step's last kernel, and a step measured from an idle device to an idle device counts them "
+            "(DESIGN.md, \"Kept blocks\").")
+    if "the bytes that must leave: **does not hold**" in kept_text:
+        why.append(
+            "- A kept tensor leaves whole: the plan takes the state of the tensors needed last in the "
+            "optimizer, whatever their size (an embedding's AdamW moments are among them), where the bytes "
+            "that must leave are counted from the live bytes.")
     out += [""] + (["Why an item does not hold:", ""] + why if why else []) + [""]
     return out
 
