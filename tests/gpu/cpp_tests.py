@@ -8,17 +8,17 @@ libraries' directories first on LD_LIBRARY_PATH (searched before a RUNPATH), the
 loader which libcuda.so.1 and libcudart.so.13 an executable gets, and refuses to report a
 run on the other driver than the one expected (`--expect`).
 
-Each executable runs once, every case in one process (a CUDA context costs ~0.5 s to make
-on a GPU), with GoogleTest's JSON report. A case that needs cudasim skips itself where it
-can tell (cudasim's counters or fault injection absent: SKIP_UNLESS_CUDASIM and the like)
-or is left out by name below, with the reason. The report lists, per executable, the cases
-that passed, failed (with their first message) and skipped (with why), in a JSON file and
-a table. Exit status: 0 when every executable ran and no case failed, 1 when a case failed
-or an executable did not run to its end, 2 when the driver loaded was not the one expected
-or no executable was found.
+Each case runs in a process of its own, as CTest runs it (run together, the dlopen cases
+share the plugin's state and some fail), `--jobs` at a time, with GoogleTest's JSON report.
+A case that needs cudasim skips itself where it can tell (cudasim's counters or fault
+injection absent: SKIP_UNLESS_CUDASIM and the like) or is left out by name below, with the
+reason. The report lists, per run, the cases that passed, failed (with their first message
+and the output's end) and skipped (with why), in a JSON file and a table. Exit status: 0
+when every run ended and no case failed, 1 when a case failed or the time ran out, 2 when
+the driver loaded was not the one expected or no executable was found.
 
 Usage: tests/gpu/cpp_tests.py --build BUILD [--out FILE.json] [--expect driver|cudasim]
-                              [--lib-dir DIR ...] [--time-budget S] [--only NAME ...]
+                              [--lib-dir DIR ...] [--time-budget S] [--jobs N] [--only RUN ...]
 """
 
 from __future__ import annotations
@@ -239,9 +239,17 @@ def main(argv=None) -> int:
     report = {"date": datetime.date.today().isoformat(), "device": device_name(), "expect": args.expect,
               "library_path": env["LD_LIBRARY_PATH"], "missing": [run[0] for run in chosen if run not in present],
               "runs": []}
+    def write(rep):
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(rep, f, indent=1)
+                f.write("\n")
+
     if not present:
         print(f"cpp_tests: no test executable under {args.build} (configure it with -DBUILD_TESTING=ON and "
               "build the tests)", file=sys.stderr)
+        write(dict(report, status="no test executable", totals={"passed": 0, "failed": 0, "skipped": 0}))
         return 2
     # Which driver: asked of an executable that links CUDA (plugin_dlopen_test links none, and
     # loads the same libraries through libvramswap.so).
@@ -280,11 +288,7 @@ def main(argv=None) -> int:
     report["totals"] = totals
     print(f"cpp_tests: {report['status']}: {totals['passed']} passed, {totals['failed']} failed, "
           f"{totals['skipped']} skipped")
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
+    write(report)
     return rc
 
 
