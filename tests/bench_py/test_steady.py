@@ -261,9 +261,39 @@ def test_planned_with_a_soft_limit():
           f"planned steps {r.get('num_planned_steps')}")
 
 
+def test_a_step_ends_with_its_compute_stream():
+    """A training loop that reads its loss waits for the compute stream, not for the copies
+    still under way (Note [Warm-up steps]): a step ends when its last kernel does, and copies
+    it started for the next step run into that one. Here offload_all copies a kept tensor out
+    after its use at the end of the step (19.5 ms at 55 GB/s, after a 1 ms kernel) and brings
+    it back for the next step's use: the measured step ends with its last kernel, and it
+    waits for the copy the step before left running (the tensor must be out before it can
+    come back)."""
+    from vramswap.bench.workload import Workload
+    ms, gib = 1_000_000, 1 << 30
+    w = Workload("tail")
+    w.alloc("S", gib), w.keep("S", False)
+    w.phase("forward"), w.compute(5 * ms)
+    w.phase("optimizer"), w.kuse("S"), w.compute(1 * ms), w.kdone("S")
+    w = w.validate()
+    r = runner.run(w, "offload_all", CARD, PCIE, horizon=1, record=True, warmup=2)
+    kernels = [e for e in r["timeline"] if e["kind"] == "kernel"]
+    copies = [e for e in r["timeline"] if e["kind"] in ("d2h", "h2d")]
+    last_kernel = max(e["end_ns"] for e in kernels) if kernels else None
+    last_copy = max(e["end_ns"] for e in copies) if copies else None
+    check("the step ends with its last kernel; the copy out it started runs past it",
+          r["status"] == "ok" and last_kernel is not None and r["step_time_ns"] == last_kernel
+          and last_copy is not None and last_copy > last_kernel,
+          f"{r['status']}, step {r['step_time_ns']} ns, last kernel ends {last_kernel}, last copy {last_copy}")
+    check("the next step waits for the copy the step before left running (its use stalls past 5 ms "
+          "of forward and the copy back)", r["status"] == "ok" and r["step_time_ns"] > 6 * ms + gib / PCIE,
+          f"step {r['step_time_ns']} ns, stall {r.get('stall_ns')} ns")
+
+
 def main():
     try:
         test_runner()
+        test_a_step_ends_with_its_compute_stream()
         test_planned_with_a_soft_limit()
     except runner.RunError as e:
         check("the runs complete", False, str(e))

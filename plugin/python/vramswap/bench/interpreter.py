@@ -186,16 +186,20 @@ class _Interpreter:
                 break
             if n > 0 and n < len(segments) - 1:
                 self._end_step(n)
+        cu.check(cu.rt.cudaStreamSynchronize(self.compute), "cudaStreamSynchronize")
+        self.end_ns = cu.now()
+        # Copies still running are the next step's (Note [Warm-up steps]); the run waits for
+        # them only to end cleanly.
         self.pol.finish()
         cu.check(cu.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
-        self.end_ns = cu.now()
 
     def _end_step(self, n):
-        """A warm-up step ended: the host waits for the device (a training loop that reads
-        its loss does), and after the first step its figures are kept (Note [Warm-up steps])."""
+        """A warm-up step ended: the host waits for the compute stream (a training loop that
+        reads its loss does), and after the first step its figures are kept (Note [Warm-up
+        steps])."""
         cu = self.cu
         self.pol.quiesce()
-        cu.check(cu.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        cu.check(cu.rt.cudaStreamSynchronize(self.compute), "cudaStreamSynchronize")
         if n == 1:
             self.end_ns = cu.now()
             self.first_step = first_step_figures(self.result())
@@ -215,11 +219,12 @@ class _Interpreter:
         return [(0, start)] + [step] * (warmup + 1), warmup + 1
 
     def _begin_measurement(self):
-        """Starts measuring here: the device idle, cudasim's counters and timeline and
-        vramswap's peaks reset, its counters noted (the result reports their deltas)."""
+        """Starts measuring here: the compute stream idle (copies the step before started may
+        still run, as in a training loop), cudasim's counters and timeline and vramswap's
+        peaks reset, its counters noted (the result reports their deltas)."""
         cu = self.cu
         self.pol.quiesce()
-        cu.check(cu.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        cu.check(cu.rt.cudaStreamSynchronize(self.compute), "cudaStreamSynchronize")
         self.drain()
         cu.check(cu.drv.cudasim_reset_counters(0), "cudasim_reset_counters")
         cu.drv.cudasim_timeline_clear()
@@ -348,7 +353,7 @@ class _Interpreter:
             phases[j]["bytes_" + direction] += e[2]  # bytes by the phase the copy starts in
             # Engine time by overlap with each phase's interval (the last phase is open-ended).
             for p in phases[j:]:
-                lo, hi = max(c0, p["start_ns"]), min(c1, p["end_ns"]) if p is not phases[-1] else c1
+                lo, hi = max(c0, p["start_ns"]), min(c1, p["end_ns"])
                 if p["start_ns"] >= c1:
                     break
                 if hi > lo:
@@ -385,8 +390,10 @@ class _Interpreter:
             "peak_device_bytes": c.peak_physical_bytes,
             "final_device_bytes": c.physical_bytes,
             "peak_reserved_bytes": dev.get("peak_reserved_bytes", stats.get("peak_reserved_bytes")),
-            "bytes_d2h": c.bytes_d2h,
-            "bytes_h2d": c.bytes_h2d,
+            # The copies the step queued (its timeline), not cudasim's counters: those count a
+            # copy when a worker runs it, and the step before may leave copies running.
+            "bytes_d2h": sum(e[2] for e in copies if e[0] == 2),
+            "bytes_h2d": sum(e[2] for e in copies if e[0] == 1),
             "step_time_ns": step_ns,
             "compute_ns": sum(e[5] - e[4] for e in kernels),
             "stall_ns": sum(e[6] for e in kernels),

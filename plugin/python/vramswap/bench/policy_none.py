@@ -29,7 +29,7 @@ class NonePolicy:
         pass
 
     def quiesce(self):
-        """Before the device is synchronized at a step's end or a measurement's start."""
+        """Before the compute stream is synchronized at a step's end or a measurement's start."""
 
     def begin_measurement(self):
         pass

@@ -247,7 +247,9 @@ class OffloadAllPolicy(NonePolicy):
         return out, it.last_copy_end
 
     def quiesce(self):
-        self._reap_originals(everything=True)
+        # The copies still under way are the next step's: their originals go when they land
+        # (a step ends with the compute stream, Note [Warm-up steps] in measure.py).
+        self._reap_originals()
 
     def begin_measurement(self):
         self.peak_host = self.host_live
