@@ -281,6 +281,16 @@ Status Engine::Impl::mark_cold(uint64_t handle, cudaStream_t stream) {
       stats::log(stats::LogLevel::kWarn, "planned eviction after mark_cold on device %d failed: %s (the block "
                  "stays on the device)", device_, e.what());
     }
+  } else if (recorder_.planned_victim(s->step_block) && s->kept && !s->frozen && s->packs == 0 && !s->check &&
+             s->residency == Residency::kFetching) {
+    // A kept victim used for the last time in this step, its fetch still in flight as far as
+    // the host knows: its copy out for the next step starts now, as for a resident one.
+    try {
+      evict_after_fetch(slot_of(handle));
+    } catch (const std::exception& e) {
+      stats::log(stats::LogLevel::kWarn, "planned eviction after mark_cold on device %d failed: %s (the block "
+                 "stays on the device)", device_, e.what());
+    }
   }
   background("mark_cold");
   return {};

@@ -91,8 +91,12 @@
 // them late: on the AdamW-state step at 90% of its peak the walk took 2.5 GiB of state, and
 // the plan kept 1.0 GiB of state and activations where 0.83 GiB must leave). A numbered
 // block that autograd saves keeps its number; the others lose it as the step ends and are
-// numbered again as the next one begins. Not done: a victim's copy does not start at its
-// last use in the step before (DESIGN.md, "Kept blocks").
+// numbered again as the next one begins. A victim used in the step (the optimizer's state)
+// starts its copy out for the next step at the mark_cold that ends that use, as any planned
+// victim does, also while the fetch that brought it back is in flight as far as the host
+// knows: the copy is queued behind the use (which waited for the fetch), into the host buffer
+// the fetch read from, and takes the fetch's place in flight (evict_after_fetch). The next
+// step then finds it clean, and drops its pages with no copy.
 //
 // Thread safety: one mutex per engine guards its state. It is held while copies are
 // queued and, when memory is needed at once, while waiting for eviction copies to

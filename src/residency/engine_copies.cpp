@@ -60,6 +60,33 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
   return true;
 }
 
+// A kept block the plan wants out, cold again while the fetch that brought it back is still
+// in flight as far as the host knows (Note [Kept blocks in the plan] in engine.h): its copy
+// out is queued now, behind its use (which waited for the fetch), into the host buffer the
+// fetch read from. As far as the block's bookkeeping goes the fetch is over: the copy out
+// takes its place in flight.
+void Engine::Impl::evict_after_fetch(uint32_t slot) {
+  Slot& s = slots_[slot];
+  cuda::Event copied = events_.acquire();
+  try {
+    cuda::wait_event(d2h_.get(), s.cold_event);
+    cuda::copy_async(s.host, reinterpret_cast<void*>(s.addr), s.requested, d2h_.get());
+    copied.record(d2h_.get());
+  } catch (...) {
+    events_.release(std::move(copied));
+    throw;
+  }
+  st_.evicted_bytes -= s.placed;  // the fetch landed, as far as the block's data goes
+  events_.release(std::move(s.copy_event));
+  s.copy_event = std::move(copied);
+  s.cancel = false;
+  s.residency = Residency::kEvicting;
+  s.copy_seq = ++copy_seq_;
+  s.planned = true;
+  update_peaks();
+  debug("copy out queued behind its fetch", s);
+}
+
 void* Engine::Impl::host_allocate(uint64_t bytes, uint32_t except, std::string* error) {
   void* host = host_.allocate(bytes, error);
   // Writes ahead under way free their buffers when done: wait for them, oldest first, before

@@ -286,6 +286,7 @@ class Engine::Impl : private policy::ReactiveEngine {
   uint64_t mapped_bytes() const override { return pool_.stats().mapped_bytes; }
   // Starts the D2H copy of a cold resident block. False when the host tier is full.
   bool start_eviction(uint32_t slot) override;
+  void evict_after_fetch(uint32_t slot);
   // Pinned memory for `bytes`; when the host tier is full and there is a disk tier, evicted
   // blocks needed furthest away (never `except`) move on to the disk until it fits (Note
   // [The disk tier] in disk_tier.h). nullptr with *error set when it cannot.

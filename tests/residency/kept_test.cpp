@@ -224,6 +224,60 @@ TEST_F(Kept, StateColdAsAStepBeginsIsThePlansVictimAndLeavesAsTheStepBegins) {
   EXPECT_GE(stats().planned_bytes_d2h, 2 * kBlock);
 }
 
+// The copy out of a kept victim for the next step starts at its last use in this step, also
+// when the fetch that brought it back is in flight as far as the host knows: queued behind
+// the use, which waited for the fetch, into the fetch's host buffer (Note [Kept blocks in the
+// plan]). Four activations and two state blocks on a card of four: both state blocks are
+// the first plan's victims. Forward and backward never wait for the device, so under virtual time
+// (CTest runs this case with CUDASIM_TIME=virtual too) the host has not seen the first
+// state block's fetch land when the optimizer uses it; before, its copy out started only as
+// the next step began.
+TEST_F(Kept, AVictimsCopyOutStartsAtItsLastUseThoughItsFetchIsInFlight) {
+  constexpr size_t kBig = 8 * kMiB;
+  EngineOptions options;
+  options.horizon = 0;
+  start(4 * kBig, options);
+  std::vector<std::pair<void*, uint64_t>> state;
+  for (int i = 0; i < 2; ++i) {
+    void* p = tagged(uint8_t(10 + i), kBig);
+    const uint64_t h = engine_->keep(p, false);
+    ASSERT_NE(0u, h);
+    ASSERT_TRUE(engine_->mark_cold(h, stream_).ok);
+    state.emplace_back(p, h);
+  }
+  for (int step = 1; step <= 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    engine_->graph_begin();
+    std::vector<void*> acts;
+    std::vector<uint64_t> handles;
+    for (int i = 0; i < 4; ++i) {  // written by kernels the test does not run: no wait
+      std::string error;
+      acts.push_back(engine_->allocate_tagged(kBig, stream_, &error));
+      ASSERT_NE(nullptr, acts.back()) << error;
+      handles.push_back(pack_cold(acts.back()));
+    }
+    for (int i = 3; i >= 0; --i) {
+      ASSERT_TRUE(engine_->unpack(handles[i], stream_).ok) << i;
+      ASSERT_TRUE(engine_->release(handles[i]).ok) << i;
+      ASSERT_TRUE(engine_->free_tagged(acts[i], stream_).ok) << i;
+    }
+    for (size_t i = 0; i < state.size(); ++i) {  // the optimizer: each read, written anew
+      const auto used = engine_->use(state[i].second, stream_, Lane::kAfterBackward);
+      ASSERT_TRUE(used.ok) << used.message;
+      EXPECT_TRUE(holds(state[i].first, uint8_t(10 + 10 * (step - 1) + i), kBig)) << "state " << i;
+      fill(state[i].first, uint8_t(10 + 10 * step + i), kBig);
+      ASSERT_TRUE(engine_->mark_cold(state[i].second, stream_).ok);
+    }
+    if (step == 2) {  // the first step on the plan (later ones may move a late fetch: other victims)
+      const EngineStats s = stats();
+      EXPECT_EQ(0u, s.evicted_bytes) << "no fetch is left in flight: the copies out took their place";
+      EXPECT_EQ(2 * kBig, s.in_flight_bytes + s.clean_bytes) << "both victims' copies out are under way";
+    }
+    EXPECT_EQ("", engine_->check_invariants());
+  }
+  EXPECT_EQ(0u, stats().num_plan_divergences);
+}
+
 TEST_F(Kept, CallsThatDoNotFitAKeptBlockAreRefusedAndAFreeEndsTheKeep) {
   start(16 * kMiB);
   void* p = tagged(1);
