@@ -327,10 +327,9 @@ def _must_show(done):
             continue
         if sr.name in kept_names and not any(l.startswith("### Kept") for l in out):
             out += ["", "### Kept tensors (the LoRA and AdamW-state scenarios)", "",
-                    "Kept tensors are in the plan as blocks cold from the step's start, their copies started as "
-                    "the step begins (DESIGN.md, \"Kept blocks\"); the bound lets them leave from their last use "
-                    "in the step before. These rows are issue 16's, listed against the planned-eviction bars "
-                    "above for comparison.", ""]
+                    "Kept tensors are in the plan as blocks cold from the step's start; a victim's copy out for "
+                    "the next step starts at its last use (DESIGN.md, \"Kept blocks\"). These rows are issue 16's, "
+                    "listed against the planned-eviction bars above for comparison.", ""]
         for label in ("vramswap 90%", "vramswap 75%", "vramswap 50%"):
             r = next((r for r in sr.results if r["policy"] == "vramswap" and r.get("label") == label
                       and r.get("horizon") == 4), None)
@@ -383,11 +382,10 @@ def _must_show(done):
             "blocks, so at mild pressure one large block can be most of the excess.")
     if "**does not hold**" in kept_text:
         why.append(
-            "- A kept tensor's copy out starts as the step begins, not at its last use in the step before, "
-            "where the bound starts it: AdamW's state, changed by every step, is copied out during the next "
-            "forward, which waits for it. Started at that last use, the copies for the next step ran past the "
-            "step's last kernel, and a step measured from an idle device to an idle device counts them "
-            "(DESIGN.md, \"Kept blocks\").")
+            "- AdamW's state changes in every step, so whatever of it must be out during the forward is "
+            "copied out between its use in the optimizer and the forward's end, at the PCIe rate: where that "
+            "takes longer than the optimizer and the forward, the forward waits for it. The bound moves bytes "
+            "as a fluid and may take any state or activation (DESIGN.md, \"Kept blocks\").")
     if "the bytes that must leave: **does not hold**" in kept_text:
         why.append(
             "- A kept tensor leaves whole: the plan takes the state of the tensors needed last in the "
