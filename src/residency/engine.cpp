@@ -272,26 +272,9 @@ Status Engine::Impl::mark_cold(uint64_t handle, cudaStream_t stream) {
   }
   debug("cold", *s);
   note_point(policy::PointKind::kCold, s->step_block, 0, stream);
-  if (recorder_.planned_victim(s->step_block) && s->residency == Residency::kResident) {
-    // The plan's victim: its copy starts now, while the copy engine is idle; its pages stay
-    // mapped (clean) until an allocation needs them.
-    try {
-      if (start_eviction(slot_of(handle))) s->planned = true;
-    } catch (const std::exception& e) {
-      stats::log(stats::LogLevel::kWarn, "planned eviction after mark_cold on device %d failed: %s (the block "
-                 "stays on the device)", device_, e.what());
-    }
-  } else if (recorder_.planned_victim(s->step_block) && s->kept && !s->frozen && s->packs == 0 && !s->check &&
-             s->residency == Residency::kFetching) {
-    // A kept victim used for the last time in this step, its fetch still in flight as far as
-    // the host knows: its copy out for the next step starts now, as for a resident one.
-    try {
-      evict_after_fetch(slot_of(handle));
-    } catch (const std::exception& e) {
-      stats::log(stats::LogLevel::kWarn, "planned eviction after mark_cold on device %d failed: %s (the block "
-                 "stays on the device)", device_, e.what());
-    }
-  }
+  // The plan's victim: its copy starts now, while the copy engine is idle; its pages stay
+  // mapped (clean) until an allocation needs them.
+  if (recorder_.planned_victim(s->step_block)) start_planned_copy(slot_of(handle), "after mark_cold");
   background("mark_cold");
   return {};
 }

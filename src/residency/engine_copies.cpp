@@ -87,6 +87,22 @@ void Engine::Impl::evict_after_fetch(uint32_t slot) {
   debug("copy out queued behind its fetch", s);
 }
 
+void Engine::Impl::start_planned_copy(uint32_t slot, const char* when) {
+  Slot& s = slots_[slot];
+  try {
+    if (s.residency == Residency::kResident) {
+      if (start_eviction(slot)) slots_[slot].planned = true;
+    } else if (s.residency == Residency::kFetching && s.kept && !s.frozen && s.packs == 0 && !s.check) {
+      // Used for the last time in this step, its fetch still in flight as far as the host
+      // knows: its copy out for the next step is queued behind that use.
+      evict_after_fetch(slot);
+    }
+  } catch (const std::exception& e) {
+    stats::log(stats::LogLevel::kWarn, "planned eviction %s on device %d failed: %s (the block stays on the device)",
+               when, device_, e.what());
+  }
+}
+
 void* Engine::Impl::host_allocate(uint64_t bytes, uint32_t except, std::string* error) {
   void* host = host_.allocate(bytes, error);
   // Writes ahead under way free their buffers when done: wait for them, oldest first, before

@@ -287,6 +287,10 @@ class Engine::Impl : private policy::ReactiveEngine {
   // Starts the D2H copy of a cold resident block. False when the host tier is full.
   bool start_eviction(uint32_t slot) override;
   void evict_after_fetch(uint32_t slot);
+  // The plan's victim `slot` starts its copy out: a resident block's (start_eviction), or a
+  // kept one's whose fetch is in flight (evict_after_fetch). A failure is logged (`when`
+  // says when the copy was to start) and the block stays on the device.
+  void start_planned_copy(uint32_t slot, const char* when);
   // Pinned memory for `bytes`; when the host tier is full and there is a disk tier, evicted
   // blocks needed furthest away (never `except`) move on to the disk until it fits (Note
   // [The disk tier] in disk_tier.h). nullptr with *error set when it cannot.

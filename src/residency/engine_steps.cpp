@@ -39,14 +39,7 @@ void Engine::Impl::number_kept_blocks() {
     return u == policy::kNoPoint ? UINT64_MAX : uint64_t(u);
   };
   std::stable_sort(victims.begin(), victims.end(), [&](uint32_t a, uint32_t b) { return use(a) > use(b); });
-  for (uint32_t slot : victims) {
-    try {
-      if (start_eviction(slot)) slots_[slot].planned = true;
-    } catch (const std::exception& e) {
-      stats::log(stats::LogLevel::kWarn, "planned eviction of a kept block on device %d failed: %s (the block "
-                 "stays on the device)", device_, e.what());
-    }
-  }
+  for (uint32_t slot : victims) start_planned_copy(slot, "of a kept block as a step begins");
 }
 
 void Engine::Impl::end_step() {
