@@ -27,16 +27,29 @@ class Kept : public EngineFixture {
     ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(stream_));
   }
   // `n` kept blocks of seeds seed..seed+n-1, each cold once kept (not in use).
-  std::vector<std::pair<void*, uint64_t>> keep_cold(int n, uint8_t seed, bool frozen) {
+  std::vector<std::pair<void*, uint64_t>> keep_cold(int n, uint8_t seed, bool frozen, size_t size = kBlock) {
     std::vector<std::pair<void*, uint64_t>> kept;
     for (int i = 0; i < n; ++i) {
-      void* p = tagged(uint8_t(seed + i));
+      void* p = tagged(uint8_t(seed + i), size);
       const uint64_t h = engine_->keep(p, frozen);
       EXPECT_NE(0u, h);
       EXPECT_TRUE(engine_->mark_cold(h, stream_).ok);
       kept.emplace_back(p, h);
     }
     return kept;
+  }
+  // The optimizer's step `step` (1 the first) over state kept by keep_cold(.., seed, ..): each
+  // block used, checked to hold what the step before wrote (seed + 10 (step - 1) + i), written
+  // anew (seed + 10 step + i) and cold again.
+  void optimizer_step(const std::vector<std::pair<void*, uint64_t>>& state, uint8_t seed, int step,
+                      size_t size = kBlock) {
+    for (size_t i = 0; i < state.size(); ++i) {
+      const auto used = engine_->use(state[i].second, stream_, Lane::kAfterBackward);
+      ASSERT_TRUE(used.ok) << used.message;
+      EXPECT_TRUE(holds(state[i].first, uint8_t(seed + 10 * (step - 1) + i), size)) << "state " << i;
+      fill(state[i].first, uint8_t(seed + 10 * step + i), size);  // the step writes it
+      ASSERT_TRUE(engine_->mark_cold(state[i].second, stream_).ok);
+    }
   }
   // One forward over frozen layers: each used, checked, and cold again.
   void forward(const std::vector<std::pair<void*, uint64_t>>& layers, uint8_t seed) {
@@ -99,13 +112,7 @@ TEST_F(Kept, OptimizerStateIsCopiedOutAgainAfterEachUseAndComesBackAsWritten) {
   uint64_t evicted = stats().bytes_evicted_total;
   for (int step = 1; step <= 3; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
-    for (size_t i = 0; i < state.size(); ++i) {
-      const auto used = engine_->use(state[i].second, stream_, Lane::kAfterBackward);
-      ASSERT_TRUE(used.ok) << used.message;
-      EXPECT_TRUE(holds(state[i].first, uint8_t(30 + 10 * (step - 1) + i))) << "state " << i;
-      fill(state[i].first, uint8_t(30 + 10 * step + i));  // the step writes it
-      ASSERT_TRUE(engine_->mark_cold(state[i].second, stream_).ok);
-    }
+    ASSERT_NO_FATAL_FAILURE(optimizer_step(state, 30, step));
     EXPECT_GT(stats().bytes_evicted_total, evicted) << "written state is copied out again";
     evicted = stats().bytes_evicted_total;
     EXPECT_EQ(0u, stats().frozen_bytes_d2h);
@@ -210,13 +217,7 @@ TEST_F(Kept, StateColdAsAStepBeginsIsThePlansVictimAndLeavesAsTheStepBegins) {
       EXPECT_EQ(faults, stats().num_faults) << "every activation stayed on the device";
     }
     release_all(acts);
-    for (size_t i = 0; i < state.size(); ++i) {
-      const auto used = engine_->use(state[i].second, stream_, Lane::kAfterBackward);
-      ASSERT_TRUE(used.ok) << used.message;
-      EXPECT_TRUE(holds(state[i].first, uint8_t(10 + 10 * (step - 1) + i))) << "state " << i;
-      fill(state[i].first, uint8_t(10 + 10 * step + i));
-      ASSERT_TRUE(engine_->mark_cold(state[i].second, stream_).ok);
-    }
+    ASSERT_NO_FATAL_FAILURE(optimizer_step(state, 10, step));
     EXPECT_EQ("", engine_->check_invariants());
   }
   EXPECT_EQ(1u, stats().num_planned_steps);  // the third ends as the next one begins
@@ -237,14 +238,7 @@ TEST_F(Kept, AVictimsCopyOutStartsAtItsLastUseThoughItsFetchIsInFlight) {
   EngineOptions options;
   options.horizon = 0;
   start(4 * kBig, options);
-  std::vector<std::pair<void*, uint64_t>> state;
-  for (int i = 0; i < 2; ++i) {
-    void* p = tagged(uint8_t(10 + i), kBig);
-    const uint64_t h = engine_->keep(p, false);
-    ASSERT_NE(0u, h);
-    ASSERT_TRUE(engine_->mark_cold(h, stream_).ok);
-    state.emplace_back(p, h);
-  }
+  auto state = keep_cold(2, 10, false, kBig);
   for (int step = 1; step <= 3; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     engine_->graph_begin();
@@ -261,13 +255,7 @@ TEST_F(Kept, AVictimsCopyOutStartsAtItsLastUseThoughItsFetchIsInFlight) {
       ASSERT_TRUE(engine_->release(handles[i]).ok) << i;
       ASSERT_TRUE(engine_->free_tagged(acts[i], stream_).ok) << i;
     }
-    for (size_t i = 0; i < state.size(); ++i) {  // the optimizer: each read, written anew
-      const auto used = engine_->use(state[i].second, stream_, Lane::kAfterBackward);
-      ASSERT_TRUE(used.ok) << used.message;
-      EXPECT_TRUE(holds(state[i].first, uint8_t(10 + 10 * (step - 1) + i), kBig)) << "state " << i;
-      fill(state[i].first, uint8_t(10 + 10 * step + i), kBig);
-      ASSERT_TRUE(engine_->mark_cold(state[i].second, stream_).ok);
-    }
+    ASSERT_NO_FATAL_FAILURE(optimizer_step(state, 10, step, kBig));
     if (step == 2) {  // the first step on the plan (later ones may move a late fetch: other victims)
       const EngineStats s = stats();
       EXPECT_EQ(0u, s.evicted_bytes) << "no fetch is left in flight: the copies out took their place";
