@@ -1,6 +1,7 @@
 """The CMake half of `pip install .` (pyproject.toml holds the rest): builds libvramswap.so,
-libvramswap_preload.so and cudasim's libcudart.so.13 and libcuda.so.1, and puts them in the
-package as vramswap/lib/ and vramswap/sim/, where vramswap._lib looks first.
+libvramswap_preload.so and cudasim's libcudart.so.13, libcuda.so.1 and libcufile.so.0, and
+puts them in the package as vramswap/lib/ and vramswap/sim/, where vramswap._lib looks
+first.
 
   VRAMSWAP_CMAKE_BUILD_DIR   a CMake build tree that already holds the libraries (lib/ and
                              sim/, as scripts/test leaves build/): they are copied, nothing
@@ -22,8 +23,8 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 # package subdirectory -> the files the CMake tree holds there (symlinks are followed: a
 # wheel carries files only, under the names the loader and ctypes look for)
-SHIPPED = {"lib": ["libvramswap.so", "libvramswap_preload.so"], "sim": ["libcudart.so.13", "libcuda.so.1"]}
-TARGETS = ["vramswap", "vramswap_preload", "cudasim_cudart", "cudasim_driver"]
+SHIPPED = {"lib": ["libvramswap.so", "libvramswap_preload.so"], "sim": ["libcudart.so.13", "libcuda.so.1", "libcufile.so.0"]}
+TARGETS = ["vramswap", "vramswap_preload", "cudasim_cudart", "cudasim_driver", "cudasim_cufile"]
 
 
 class BuildWithCMake(build_py):

@@ -29,7 +29,7 @@ function(vramswap_add_test_executable name)
   set_target_properties(${name} PROPERTIES SKIP_BUILD_RPATH ON)
   target_link_options(${name} PRIVATE "LINKER:-rpath,${CUDASIM_LIBRARY_DIR}")
   # The libraries the tests run on are built with them.
-  add_dependencies(${name} cudasim_cudart cudasim_driver)
+  add_dependencies(${name} cudasim_cudart cudasim_driver cudasim_cufile)
 endfunction()
 
 # register_gtest_cases(name LABEL label TIMEOUT seconds [SUFFIX s] [FILTER f]

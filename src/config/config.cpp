@@ -110,6 +110,13 @@ constexpr KeySpec kKeys[] = {
         "VRAMSWAP_DISK_LIMIT", kAtCreation, "", "4KiB..",
         "The most file space each device's disk tier may hold. Unset: what the filesystem holds (a full "
         "filesystem is found when space is reserved, before a block leaves the host)."),
+    key<KeyType::kEnum, &Config::disk_io>(
+        "VRAMSWAP_DISK_IO", kAtCreation, "threads", "threads|cufile",
+        "How the disk tier reads and writes its file. threads: pread/pwrite on two threads of its own; "
+        "cufile: stream-ordered cuFileReadAsync/cuFileWriteAsync on two CUDA streams of its own, through "
+        "libcufile.so.0 (NVIDIA's GPUDirect Storage library) loaded at run time, so that the I/O is CUDA work "
+        "in stream order, waited for through events (and timed by cudasim's disk engine); where the library cannot be loaded or its "
+        "driver opened, a warning says why and the tier uses threads."),
     key<KeyType::kSize, &Config::min_offload_bytes>(
         "VRAMSWAP_MIN_OFFLOAD_BYTES", kAtOnce, "64KiB", "",
         "Allocations at least this large made inside an offload scope are tagged (offloadable: under "

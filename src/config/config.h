@@ -29,6 +29,9 @@ enum class LogLevel { kOff, kError, kWarn, kInfo, kDebug };
 // VRAMSWAP_PLAN, in the order of the row's accepted words.
 enum class PlanMode { kAuto, kOff };
 
+// VRAMSWAP_DISK_IO, in the order of the row's accepted words.
+enum class DiskIo { kThreads, kCuFile };
+
 // The parsed settings. Every field is set by its row of the table; no default is written
 // here, Config() takes them from the table.
 struct Config {
@@ -40,6 +43,7 @@ struct Config {
   std::optional<uint64_t> host_limit;  // VRAMSWAP_HOST_LIMIT; unset = the host tier's default
   std::string disk_dir;                // VRAMSWAP_DISK_DIR; "" = no disk tier
   std::optional<uint64_t> disk_limit;  // VRAMSWAP_DISK_LIMIT; unset = what the filesystem holds
+  DiskIo disk_io{};                    // VRAMSWAP_DISK_IO
   uint64_t min_offload_bytes{};        // VRAMSWAP_MIN_OFFLOAD_BYTES
   uint64_t horizon{};                  // VRAMSWAP_HORIZON
   bool verify{};                       // VRAMSWAP_VERIFY

@@ -1,5 +1,5 @@
-// The disk tier's file, its extents and its I/O threads (Note [The disk tier] in
-// disk_tier.h).
+// The disk tier's file, its extents and its I/O, on threads or on streams (Note [The disk
+// tier] in disk_tier.h).
 #include "residency/disk_tier.h"
 
 #include <fcntl.h>
@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "config/units.h"
+#include "cuda/device.h"
 
 namespace vramswap::residency {
 namespace {
@@ -49,12 +50,48 @@ std::unique_ptr<DiskTier> DiskTier::open(const DiskTierOptions& options, std::st
       return nullptr;
     }
   }
-  return std::unique_ptr<DiskTier>(new DiskTier(fd, options));
+  std::unique_ptr<DiskTier> tier(new DiskTier(fd, options));
+  if (options.io == DiskIo::kCuFile) {
+    if (std::string why = tier->start_cufile(options); !why.empty()) {
+      *error = "VRAMSWAP_DISK_IO=cufile: " + why;
+      return nullptr;
+    }
+  }
+  return tier;
 }
 
 DiskTier::DiskTier(int fd, const DiskTierOptions& options)
-    : fd_(fd), dir_(options.dir), limit_(options.limit_bytes) {
-  for (int i = 0; i < std::max(1, options.io_threads); ++i) threads_.emplace_back([this] { run_io(); });
+    : fd_(fd), dir_(options.dir), limit_(options.limit_bytes), device_(options.device) {
+  if (options.io == DiskIo::kThreads)
+    for (int i = 0; i < std::max(1, options.io_threads); ++i) threads_.emplace_back([this] { run_io(); });
+}
+
+std::string DiskTier::start_cufile(const DiskTierOptions& options) {
+  std::string error;
+  const cuda::CuFileApi* api = cuda::CuFileApi::load(&error);
+  if (!api) return error;
+  cuda::CuFileDescr descr{};
+  descr.type = cuda::kCuFileHandleTypeOpaqueFd;
+  descr.handle.fd = fd_;
+  if (const cuda::CuFileError e = api->handle_register(&handle_, &descr); e.err != 0)
+    return "cuFileHandleRegister of the disk tier's file in " + dir_ + " failed: " + cuda::cufile_error_text(e);
+  cufile_ = api;  // from here the destructor deregisters what was registered
+  try {
+    write_stream_ = cuda::Stream::create(options.device);
+    read_stream_ = cuda::Stream::create(options.device);
+  } catch (const std::exception& e) {
+    return std::string("cannot create the disk tier's streams: ") + e.what();
+  }
+  for (cuda::Stream* s : {&write_stream_, &read_stream_}) {
+    if (const cuda::CuFileError e = cufile_->stream_register(reinterpret_cast<CUstream>(s->get()), cuda::kCuFileStreamFixed);
+        e.err != 0) {
+      if (s == &read_stream_) cufile_->stream_deregister(reinterpret_cast<CUstream>(write_stream_.get()));
+      *s = cuda::Stream();
+      if (s == &read_stream_) write_stream_ = cuda::Stream();
+      return "cuFileStreamRegister failed: " + cuda::cufile_error_text(e);
+    }
+  }
+  return "";
 }
 
 DiskTier::~DiskTier() {
@@ -64,6 +101,15 @@ DiskTier::~DiskTier() {
   }
   queue_cv_.notify_all();
   for (std::thread& t : threads_) t.join();
+  if (cufile_) {
+    // Every job's result field must outlive its transfer.
+    for (cuda::Stream* s : {&write_stream_, &read_stream_}) {
+      if (!*s) continue;
+      cuda::synchronize_stream(s->get());
+      cufile_->stream_deregister(reinterpret_cast<CUstream>(s->get()));
+    }
+    cufile_->handle_deregister(handle_);
+  }
   ::close(fd_);
 }
 
@@ -135,6 +181,7 @@ DiskTier::JobRef DiskTier::write(uint64_t offset, const void* src, uint64_t byte
 DiskTier::JobRef DiskTier::read(uint64_t offset, void* dst, uint64_t bytes) { return queue(false, offset, dst, bytes); }
 
 DiskTier::JobRef DiskTier::queue(bool write, uint64_t offset, void* buffer, uint64_t bytes) {
+  if (cufile_) return queue_on_stream(write, offset, buffer, bytes);
   auto job = std::make_shared<Job>();
   job->write = write;
   job->offset = offset;
@@ -148,10 +195,84 @@ DiskTier::JobRef DiskTier::queue(bool write, uint64_t offset, void* buffer, uint
   return job;
 }
 
+DiskTier::JobRef DiskTier::queue_on_stream(bool write, uint64_t offset, void* buffer, uint64_t bytes) {
+  auto job = std::make_shared<Job>();
+  job->write = write;
+  job->offset = offset;
+  job->buffer = buffer;
+  job->bytes = bytes;
+  job->size_arg = bytes;
+  job->file_offset_arg = static_cast<off_t>(offset);
+  cudaStream_t stream = write ? write_stream_.get() : read_stream_.get();
+  {
+    // In flight before it is queued: the stream writes its result field.
+    std::lock_guard lock(queue_mu_);
+    std::erase_if(in_flight_, [](const JobRef& j) { return j->finished(); });
+    in_flight_.push_back(job);
+  }
+  cuda::RelaxedCaptureScope relaxed;
+  const cuda::CuFileError e =
+      (write ? cufile_->write_async : cufile_->read_async)(handle_, buffer, &job->size_arg, &job->file_offset_arg,
+                                                            &job->buffer_offset_arg, &job->result,
+                                                            reinterpret_cast<CUstream>(stream));
+  if (e.err != 0) {
+    std::call_once(job->finish_once, [&] {
+      job->error = failure(*job, "could not be queued: " + cuda::cufile_error_text(e));
+      failed_.fetch_add(1, std::memory_order_relaxed);
+      job->state_.store(Job::kFailed, std::memory_order_release);
+    });
+    return job;
+  }
+  cuda::ContextScope scope(device_);
+  job->event = cuda::Event::create();
+  job->event.record(stream);
+  return job;
+}
+
+bool DiskTier::done(const JobRef& job) {
+  if (job->finished()) return true;
+  if (!cufile_ || !job->event || !job->event.query()) return false;
+  finish(*job);
+  return true;
+}
+
 std::string DiskTier::wait(const JobRef& job) {
-  std::unique_lock lock(queue_mu_);
-  queue_cv_.wait(lock, [&] { return job->done(); });
+  if (cufile_) {
+    if (!job->finished()) {
+      job->event.synchronize();
+      finish(*job);
+    }
+  } else {
+    std::unique_lock lock(queue_mu_);
+    queue_cv_.wait(lock, [&] { return job->finished(); });
+  }
   return job->state_.load(std::memory_order_acquire) == Job::kOk ? std::string() : job->error;
+}
+
+void DiskTier::finish(Job& job) {
+  std::call_once(job.finish_once, [&] {
+    if (job.result >= 0 && static_cast<uint64_t>(job.result) == job.bytes) {
+      (job.write ? bytes_written_ : bytes_read_).fetch_add(job.bytes, std::memory_order_relaxed);
+      job.state_.store(Job::kOk, std::memory_order_release);
+      return;
+    }
+    // cuFile's result: the bytes moved, or a negative errno or cuFile error.
+    std::string why;
+    if (job.result >= 0)
+      why = "only " + std::to_string(job.result) + " bytes moved";
+    else if (-job.result < 5000)
+      why = errno_text(static_cast<int>(-job.result));
+    else
+      why = "cuFile error " + std::to_string(-job.result);
+    job.error = failure(job, why);
+    failed_.fetch_add(1, std::memory_order_relaxed);
+    job.state_.store(Job::kFailed, std::memory_order_release);
+  });
+}
+
+std::string DiskTier::failure(const Job& job, const std::string& why) const {
+  return std::string(job.write ? "writing " : "reading ") + format_size(job.bytes) + " at offset " +
+         std::to_string(job.offset) + " of the disk tier's file in " + dir_ + " failed: " + why;
 }
 
 void DiskTier::run_io() {
@@ -183,9 +304,7 @@ void DiskTier::perform(Job& job) {
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    job.error = std::string(job.write ? "writing " : "reading ") + format_size(job.bytes) + " at offset " +
-                std::to_string(job.offset) + " of the disk tier's file in " + dir_ + " failed: " +
-                (n == 0 ? std::string("the file ends there") : errno_text(errno));
+    job.error = failure(job, n == 0 ? std::string("the file ends there") : errno_text(errno));
     failed_.fetch_add(1, std::memory_order_relaxed);
     job.state_.store(Job::kFailed, std::memory_order_release);
     return;

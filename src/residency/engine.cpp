@@ -21,7 +21,18 @@ Engine::Impl::Impl(pool::DevicePool& pool, const EngineOptions& options)
       timed_(pool.device(), true) {
   if (!options.disk_dir.empty()) {
     const uint64_t limit = options.disk_limit_bytes ? options.disk_limit_bytes : UINT64_MAX;
-    disk_ = DiskTier::open({options.disk_dir, limit}, &disk_refusal_);
+    DiskTierOptions disk{options.disk_dir, limit};
+    disk.io = options.disk_io;
+    disk.device = device_;
+    disk_ = DiskTier::open(disk, &disk_refusal_);
+    if (!disk_ && disk.io == DiskIo::kCuFile) {
+      // The library or its driver is missing: the tier still works, on threads.
+      stats::log(stats::LogLevel::kWarn, "device %d: %s; the disk tier runs its I/O on threads of its own", device_,
+                 disk_refusal_.c_str());
+      disk.io = DiskIo::kThreads;
+      disk_refusal_.clear();
+      disk_ = DiskTier::open(disk, &disk_refusal_);
+    }
     if (!disk_)
       stats::log(stats::LogLevel::kWarn, "device %d: no disk tier: %s (eviction stops when the host tier is full)",
                  device_, disk_refusal_.c_str());

@@ -115,6 +115,7 @@
 #include <string>
 
 #include "pool/device_pool.h"
+#include "residency/disk_tier.h"
 #include "residency/host_tier.h"
 
 namespace vramswap::residency {
@@ -125,6 +126,7 @@ struct EngineOptions {
   uint64_t host_limit_bytes = 0;   // the host tier's cap; 0: its default
   std::string disk_dir;            // the disk tier's directory (disk_tier.h); "": none
   uint64_t disk_limit_bytes = 0;   // the disk tier's cap; 0: what the filesystem holds
+  DiskIo disk_io = DiskIo::kThreads;  // how the disk tier's I/O runs (VRAMSWAP_DISK_IO)
   int horizon = 4;                 // blocks prefetched ahead, and protected from eviction
   bool verify = false;             // checksum at eviction, checked at restore
   bool plan = true;                // record steps and follow their plan (VRAMSWAP_PLAN)

@@ -208,7 +208,7 @@ bool Engine::Impl::start_read(uint32_t slot, std::string* error) {
 
 void Engine::Impl::finish_read(uint32_t slot, bool wait) {
   Slot& s = slots_[slot];
-  if (!wait && !s.reading->done()) return;
+  if (!wait && !disk_->done(s.reading)) return;
   const std::string failed = disk_->wait(s.reading);
   s.reading.reset();
   std::erase(reading_, slot);
@@ -297,7 +297,7 @@ void Engine::Impl::write_ahead() {
 
 void Engine::Impl::finish_write(uint32_t slot, bool wait, bool keep_host) {
   Slot& s = slots_[slot];
-  if (!wait && !s.writing->done()) return;
+  if (!wait && !disk_->done(s.writing)) return;
   const std::string failed = disk_->wait(s.writing);
   s.writing.reset();
   std::erase(writing_, slot);

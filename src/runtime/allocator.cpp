@@ -126,6 +126,8 @@ pool::DevicePool* Allocator::pool_or_create(int device, AllocError* error) {
     engine_options.host_limit_bytes = config_.host_limit.value_or(0);
     engine_options.disk_dir = config_.disk_dir;
     engine_options.disk_limit_bytes = config_.disk_limit.value_or(0);
+    engine_options.disk_io =
+        config_.disk_io == config::DiskIo::kCuFile ? residency::DiskIo::kCuFile : residency::DiskIo::kThreads;
     engine_options.horizon = static_cast<int>(config_.horizon);  // at most 1024 (the table's range)
     engine_options.verify = config_.verify;
     engine_options.plan = config_.plan == config::PlanMode::kAuto;

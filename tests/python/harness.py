@@ -164,8 +164,9 @@ class Checks:
         return 0 if not self.failures else 1
 
 
-def run_child(script, mode, tmp, cases, limit=0):
-    """Runs `script --child mode tmp limit cases...`; -> {case: (tensors, info)}."""
+def run_child(script, mode, tmp, cases, limit=0, stderr=None):
+    """Runs `script --child mode tmp limit cases...`; -> {case: (tensors, info)}. stderr: a
+    list the child's standard error is appended to."""
     env = dict(os.environ)
     env.setdefault("VRAMSWAP_LOG", "warn")
     proc = subprocess.run([sys.executable, str(script), "--child", mode, tmp, str(limit), *cases],
@@ -176,6 +177,8 @@ def run_child(script, mode, tmp, cases, limit=0):
         sys.exit(1)
     if proc.stderr.strip():
         print(f"[{mode} stderr]\n{proc.stderr.strip()}")
+    if stderr is not None:
+        stderr.append(proc.stderr)
     import torch
     results = {}
     for case in cases:

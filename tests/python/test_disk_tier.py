@@ -7,7 +7,10 @@ evicts (VRAMSWAP_HOST_LIMIT), with VRAMSWAP_DISK_DIR set.
 Checks: losses and gradients bit-identical to the run without vramswap; blocks went to the
 disk (disk_bytes_written > 0), some written ahead of need and read back ahead of use (Notes
 [Writing ahead to the disk] and [Reading ahead from the disk]), and all came back
-(disk_bytes 0 at the end); the peak within the limit; nothing left in the directory. Then
+(disk_bytes 0 at the end); the peak within the limit; nothing left in the directory. The
+same with the tier's I/O on streams (VRAMSWAP_DISK_IO=cufile, cudasim's libcufile), and,
+where libcufile cannot be loaded (a cudasim directory without it), a warning that says so
+and the run on the tier's threads, still bit-identical. Then
 the same run with the directory on a full filesystem (a 1 MiB tmpfs, mounted as root or in
 a namespace of the child's own): the run stops with an out-of-memory that names the
 directory and why, instead of a wrong byte.
@@ -66,6 +69,43 @@ def main(argv):
               f"({s['peak_host_bytes']} <= {host_limit})")
         check(s["peak_reserved_bytes"] <= limit, "device memory within VRAMSWAP_LIMIT")
         check(not os.listdir(disk), f"nothing left in the directory ({os.listdir(disk)})")
+
+        # The tier's I/O on streams, through cudasim's libcufile.
+        os.environ["VRAMSWAP_DISK_IO"] = "cufile"
+        err = []
+        cu = harness.run_child(SCRIPT, "offload", tmp, [CASE], limit, stderr=err)[CASE]
+        harness.same_results(check, f"{CASE}: the disk tier's I/O on streams (cuFile)", ref[0], cu[0])
+        s = cu[1]["stats"]
+        check("libcufile" not in err[0], "cuFile was loaded (no warning about it)")
+        check(s["disk_bytes_written"] > 0 and s["disk_bytes_read"] > 0 and s["disk_bytes"] == 0,
+              f"blocks went on to the disk and all came back through cuFile ({s['disk_bytes_written']} B written, "
+              f"{s['disk_bytes_read']} B read)")
+        check(not os.listdir(disk), f"nothing left in the directory ({os.listdir(disk)})")
+
+        # Where libcufile cannot be loaded (here: a cudasim directory without it), the tier
+        # says so and runs on its threads.
+        bare = os.path.join(tmp, "sim-without-cufile")
+        os.mkdir(bare)
+        sim = Path(os.environ.get("VRAMSWAP_CUDASIM_DIR") or SCRIPT.parents[2] / "build" / "sim")
+        for lib in sim.iterdir():
+            if not lib.name.startswith("libcufile"):
+                os.symlink(lib, os.path.join(bare, lib.name))
+        err = []
+        saved = os.environ.get("VRAMSWAP_CUDASIM_DIR")
+        os.environ["VRAMSWAP_CUDASIM_DIR"] = bare
+        try:
+            fallback = harness.run_child(SCRIPT, "offload", tmp, [CASE], limit, stderr=err)[CASE]
+        finally:
+            if saved is None:
+                del os.environ["VRAMSWAP_CUDASIM_DIR"]
+            else:
+                os.environ["VRAMSWAP_CUDASIM_DIR"] = saved
+            del os.environ["VRAMSWAP_DISK_IO"]
+        harness.same_results(check, f"{CASE}: VRAMSWAP_DISK_IO=cufile without libcufile", ref[0], fallback[0])
+        check("VRAMSWAP_DISK_IO=cufile: cannot load libcufile.so.0" in err[0] and "threads of its own" in err[0],
+              "without libcufile: a warning names the setting and the missing library, and the tier runs on threads"
+              + ("" if "threads of its own" in err[0] else f" ({err[0][-1500:]})"))
+        check(fallback[1]["stats"]["disk_bytes_written"] > 0, "and blocks still went to the disk")
 
         # A disk that takes no more: the directory on a 1 MiB tmpfs (mounted directly as
         # root, else in a user and mount namespace of the child's own).

@@ -1,8 +1,10 @@
 // The engine with a disk tier (EngineOptions::disk_dir, Note [The disk tier]): when the
 // pinned host tier is full, evicted blocks needed furthest away move on to the disk, and
 // come back from it byte for byte.
+#include <cstdlib>
 #include <string>
 
+#include "cuda/cufile.h"
 #include "engine_test_util.h"
 #include "temp_dir.h"
 
@@ -10,6 +12,14 @@ namespace engine_test {
 namespace {
 
 using residency_test::TempDir;
+using vramswap::residency::DiskIo;
+
+// VRAMSWAP_TEST_DISK_IO=cufile (a CTest variant of its own): the tier's I/O on streams
+// through cuFile (cudasim's libcufile), else on threads.
+DiskIo disk_io_under_test() {
+  const char* v = std::getenv("VRAMSWAP_TEST_DISK_IO");
+  return v && std::string(v) == "cufile" ? DiskIo::kCuFile : DiskIo::kThreads;
+}
 
 class DiskSpill : public EngineFixture {
  protected:
@@ -22,6 +32,12 @@ class DiskSpill : public EngineFixture {
     options.verify = verify;
     options.host_limit_bytes = host;
     options.disk_dir = dir_.path();
+    options.disk_io = disk_io_under_test();
+    if (options.disk_io == DiskIo::kCuFile) {
+      // Else the engine would warn and fall back to threads, and the variant test nothing new.
+      std::string error;
+      ASSERT_NE(nullptr, vramswap::cuda::CuFileApi::load(&error)) << error;
+    }
     start(card, options);
     engine_->graph_begin();
   }

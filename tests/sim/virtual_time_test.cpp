@@ -785,6 +785,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadSetting{"CUDASIM_PCIE_GBPS", "55GB", "CUDASIM_PCIE_GBPS='55GB' is not valid"},
                       BadSetting{"CUDASIM_PCIE_GBPS", "-3", "CUDASIM_PCIE_GBPS='-3' is not valid"},
                       BadSetting{"CUDASIM_HBM_GBPS", "nan", "CUDASIM_HBM_GBPS='nan' is not valid"},
+                      BadSetting{"CUDASIM_DISK_GBPS", "0", "CUDASIM_DISK_GBPS='0' is not valid; accepted: a decimal"},
+                      BadSetting{"CUDASIM_DISK_GBPS", "fast", "CUDASIM_DISK_GBPS='fast' is not valid"},
                       BadSetting{"CUDASIM_PCIE_DUPLEX", "half",
                                  "CUDASIM_PCIE_DUPLEX='half' is not valid; accepted: full or shared"},
                       BadSetting{"CUDASIM_UNBACKED", "yes", "CUDASIM_UNBACKED='yes' is not valid; accepted: 0 or 1"},

@@ -11,7 +11,9 @@ Where the libraries are found:
 
 cudasim is loaded with RTLD_GLOBAL *before* libvramswap.so, so the loader satisfies the
 library's DT_NEEDED entries (libcudart.so.13, libcuda.so.1) with cudasim's objects, which
-carry those sonames: no LD_LIBRARY_PATH is needed in the CPU-emulation mode.
+carry those sonames: no LD_LIBRARY_PATH is needed in the CPU-emulation mode. cudasim's
+libcufile.so.0, where the directory has it, is loaded too, so that the disk tier's
+dlopen("libcufile.so.0") (VRAMSWAP_DISK_IO=cufile) finds it by its soname.
 
 The library is loaded once per process, for one of the two install modes: on cudasim for
 the CPU-emulation mode (vramswap.sim.install_cpu), or on the real CUDA runtime and driver
@@ -125,6 +127,8 @@ def load(cudasim=False, cuda=False):
             _cudart = ctypes.CDLL(str(sim / "libcudart.so.13"), mode=ctypes.RTLD_GLOBAL)
             _cudart.cudaStreamSynchronize.restype = ctypes.c_int
             _cudart.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+            if (sim / "libcufile.so.0").exists():
+                ctypes.CDLL(str(sim / "libcufile.so.0"), mode=ctypes.RTLD_GLOBAL)
         path = library_path()
         if not path.exists():
             raise VramswapError(f"{path} not found (set VRAMSWAP_LIBRARY or build the project)")

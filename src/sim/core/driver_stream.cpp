@@ -1,13 +1,17 @@
-// Driver API: streams, events, host functions, stream capture and graphs.
+// Driver API: streams, events, host functions, stream capture and graphs; stream-ordered
+// file I/O for cudasim's libcufile (file_io.h).
 // The engine is stream.h; this file is argument checking and handle bookkeeping.
 #include <cuda.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <thread>
 
+#include "address_space.h"
 #include "api.h"
 #include "cudasim.h"
+#include "file_io.h"
 #include "virtual_time.h"
 
 namespace cudasim {
@@ -248,6 +252,39 @@ CUresult kernel(CUstream h, uint64_t ns, const char* label) {
   return CUDA_SUCCESS;
 }
 
+// The body of cudasim_internal_file_io (file_io.h).
+CUresult file_io(CUstream h, bool write, int fd, void* buffer, size_t bytes, int64_t offset, int64_t* result) {
+  CUresult err;
+  auto s = resolve_stream(h, false, &err);
+  if (!s) return err;
+  if (fd < 0 || !result || (!buffer && bytes) || offset < 0 || bytes > uint64_t(INT64_MAX - offset))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (auto cap = s->capture()) {
+    cap->invalidated = true;  // a read or write of a file cannot be a graph's node
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  if (CUresult r = check_legacy_implicit(s)) return r;
+  Operation op;
+  op.what = write ? "file write" : "file read";
+  op.timing.kind = write ? OpKind::kDiskWrite : OpKind::kDiskRead;
+  op.timing.bytes = bytes;
+  char* p = static_cast<char*>(buffer);
+  if (settings().unbacked) {
+    // Nothing moves, but device memory that pread/pwrite could not touch still fails.
+    op.run = [write, p, bytes, result] {
+      const PointerInfo info = classify(p, bytes);
+      const bool device =
+          info.type == PointerInfo::Type::kDevice || info.type == PointerInfo::Type::kUnmappedDevice;
+      // A read from the file writes the buffer; a write to it reads the buffer.
+      *result = device && first_inaccessible(p, bytes, !write) ? -EFAULT : int64_t(bytes);
+    };
+  } else {
+    op.run = [write, fd, p, bytes, offset, result] { *result = transfer_file(write, fd, p, bytes, offset); };
+  }
+  s->enqueue(std::move(op));
+  return CUDA_SUCCESS;
+}
+
 CUresult graph_launch(CUgraphExec exec, CUstream h, bool per_thread) {
   if (!exec || !graph_exec_handles().contains(exec)) return CUDA_ERROR_INVALID_HANDLE;
   CUresult err;
@@ -338,6 +375,15 @@ int cudasim_kernel(void* stream, uint64_t ns, const char* label) {
   if (!call.ok()) return call.status();
   call.note("stream %p, %llu ns, %s", stream, (unsigned long long)ns, label ? label : "(no label)");
   return call.ret(kernel(static_cast<CUstream>(stream), ns, label));
+}
+
+CUresult cudasim_internal_file_io(CUstream stream, int write, int fd, void* buffer, size_t bytes,
+                                  int64_t file_offset, int64_t* result) {
+  Call call(__func__);
+  if (!call.ok()) return call.status();
+  call.note("stream %p, %s fd %d, %zu bytes at %lld", (void*)stream, write ? "write" : "read", fd, bytes,
+            (long long)file_offset);
+  return call.ret(file_io(stream, write != 0, fd, buffer, bytes, file_offset, result));
 }
 
 CUresult cuEventRecordWithFlags(CUevent e, CUstream h, unsigned int flags) {

@@ -138,6 +138,11 @@ Settings read_settings() {
     if (!r) bad_setting("CUDASIM_HBM_GBPS", v, "a decimal number of GB/s (1e9 bytes/s) above 0, at most 1e6");
     s.hbm_gbps = *r;
   }
+  if (const char* v = std::getenv("CUDASIM_DISK_GBPS")) {
+    auto r = parse_rate(v);
+    if (!r) bad_setting("CUDASIM_DISK_GBPS", v, "a decimal number of GB/s (1e9 bytes/s) above 0, at most 1e6");
+    s.disk_gbps = *r;
+  }
   if (const char* v = std::getenv("CUDASIM_UNBACKED"); v && *v) s.unbacked = parse_switch("CUDASIM_UNBACKED", v);
   if (const char* v = std::getenv("CUDASIM_TIMELINE"); v && *v) s.timeline = parse_switch("CUDASIM_TIMELINE", v);
   if (const char* v = std::getenv("CUDASIM_HOST_COSTS"); v && *v) {

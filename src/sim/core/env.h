@@ -48,7 +48,10 @@ struct Settings {
   double pcie_gbps = 55;                // CUDASIM_PCIE_GBPS: per direction; a PCIe 5.0 x16 link's practical rate
   bool pcie_shared = false;             // CUDASIM_PCIE_DUPLEX=full|shared: shared serializes H2D and D2H
   double hbm_gbps = 2000;               // CUDASIM_HBM_GBPS: d2d copies and memsets; an HBM3 card's order
-  bool unbacked = false;                // CUDASIM_UNBACKED=1: copies and memsets time but touch no data
+  // CUDASIM_DISK_GBPS: the host's disk (stream-ordered file reads and writes, cuFile's);
+  // about one PCIe 4.0 NVMe drive's sequential rate.
+  double disk_gbps = 6;
+  bool unbacked = false;                // CUDASIM_UNBACKED=1: copies, memsets, file I/O time but touch no data
   bool timeline = false;                // CUDASIM_TIMELINE=1: record the timeline in real-time mode too
   HostCosts host_costs;                 // CUDASIM_HOST_COSTS=none|h100[,name=us...]: slow calls' host time
   // CUDASIM_HOST_PINNED_LIMIT: the most host memory the process may have page-locked at once,

@@ -28,6 +28,8 @@ struct Engines {
 };
 constexpr int kMaxDevices = 16;  // CUDASIM_DEVICE_COUNT's bound
 std::array<Engines, kMaxDevices> g_engines;
+// The disk engine: the host's, so one for every device. Guarded by clock_mutex().
+uint64_t g_disk = 0;
 
 // Which engine an operation uses (nullptr: none) and how long it takes there.
 uint64_t* engine_and_duration(const VirtualOp& op, Engines& e, uint64_t* duration) {
@@ -49,6 +51,10 @@ uint64_t* engine_and_duration(const VirtualOp& op, Engines& e, uint64_t* duratio
     case OpKind::kMemset:
       *duration = at_rate(op.bytes, s.hbm_gbps);
       return &e.compute;
+    case OpKind::kDiskRead:
+    case OpKind::kDiskWrite:
+      *duration = at_rate(op.bytes, s.disk_gbps);
+      return &g_disk;
     case OpKind::kOther:
     case OpKind::kUntimed:
       break;

@@ -18,8 +18,13 @@
 //   h2d/d2h  one copy engine per direction at CUDASIM_PCIE_GBPS each
 //            (CUDASIM_PCIE_DUPLEX=full), or one engine both directions share
 //            (CUDASIM_PCIE_DUPLEX=shared: a link whose bandwidth the directions split)
-// Durations: a copy or memset of N bytes takes N / rate ns (GB/s is bytes per ns),
-// rounded up; a kernel takes the ns it was given; event records, stream waits, host
+// and one engine for the whole process, FIFO in enqueue order too:
+//   disk     the host's disk, which every device's streams share: stream-ordered file
+//            reads and writes (cudasim_internal_file_io, behind libcufile's
+//            cuFileReadAsync / cuFileWriteAsync), the two taking turns, at CUDASIM_DISK_GBPS
+// Durations: a copy, memset, file read or file write of N bytes takes N / rate ns (GB/s is
+// bytes per ns), rounded up (a read takes the time of the bytes asked for, whatever the
+// file holds); a kernel takes the ns it was given; event records, stream waits, host
 // functions, host-to-host copies and stream-ordered frees take 0 and use no engine.
 //
 // The host has one clock, process-wide, starting at 0. API calls take no virtual time;
@@ -42,9 +47,10 @@
 // stream's unwaited end then catches up with its end (the stall is charged once, to the
 // first kernel after the waits).
 //
-// Timeline: in virtual time every kernel, copy, memset and host function is recorded with
-// its virtual times at enqueue (event records, waits and frees are not). In real time,
-// with CUDASIM_TIMELINE=1, the entries get real times (ns since start) when they run.
+// Timeline: in virtual time every kernel, copy, memset, file read or write and host
+// function is recorded with its virtual times at enqueue (event records, waits and frees
+// are not). In real time, with CUDASIM_TIMELINE=1, the entries get real times (ns since
+// start) when they run.
 // At most kTimelineCapacity entries are kept; the oldest go first.
 //
 // Thread safety: scheduling happens under clock_mutex(), which the caller holds (lock
@@ -69,14 +75,16 @@ enum class OpKind : uint32_t {
   kCopyD2H = 2,
   kCopyD2D = 3,
   kMemset = 4,
-  kOther = 5,   // host functions, host-to-host copies
-  kUntimed = 6  // event records, stream waits, frees: 0 ns, no engine, not recorded
+  kOther = 5,      // host functions, host-to-host copies
+  kDiskRead = 6,   // stream-ordered file reads (the disk engine)
+  kDiskWrite = 7,  // stream-ordered file writes (the disk engine)
+  kUntimed = 8     // event records, stream waits, frees: 0 ns, no engine, not recorded
 };
 
 // What an operation is, for virtual time and the timeline.
 struct VirtualOp {
   OpKind kind = OpKind::kUntimed;
-  uint64_t bytes = 0;              // copies and memsets
+  uint64_t bytes = 0;              // copies, memsets, file reads and writes
   uint64_t kernel_ns = 0;          // kernels
   uint64_t wait_ns = 0;            // stream waits: the awaited event's virtual completion
   std::string label;               // kernels: the caller's label (<= 47 chars); others: empty
@@ -116,7 +124,8 @@ std::mutex& clock_mutex();
 uint64_t schedule(const VirtualOp& op, const char* what, int device, uint64_t stream, StreamClock& clock,
                   uint64_t implicit_ns);
 
-// The latest virtual end of any operation queued on `device` (all devices: -1).
+// The latest virtual end of any operation queued on `device` (all devices: -1); a file
+// read or write counts for the device of the stream it was queued on.
 uint64_t device_end_ns(int device);
 
 // The timeline. recording(): on in virtual time, or with CUDASIM_TIMELINE=1.

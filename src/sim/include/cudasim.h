@@ -79,10 +79,13 @@ size_t cudasim_fail_functions(const char** names, int* codes, size_t capacity);
  * src/sim/core/virtual_time.h): one compute engine per device runs kernels, memsets and
  * device-to-device copies (CUDASIM_HBM_GBPS) in enqueue order; one copy engine per
  * direction runs host<->device copies at CUDASIM_PCIE_GBPS (or one shared engine with
- * CUDASIM_PCIE_DUPLEX=shared). Each operation's virtual start and end are fixed when it is
- * queued; the host clock moves only when the host waits (a synchronization moves it to
- * the end of the work awaited), and event and stream queries answer from it. With one
- * host thread, the same call sequence gives the same times, run after run. */
+ * CUDASIM_PCIE_DUPLEX=shared); one disk engine for the whole process runs stream-ordered
+ * file reads and writes (cudasim's libcufile.so.0: cuFileReadAsync, cuFileWriteAsync) at
+ * CUDASIM_DISK_GBPS, all devices' in turn. Each operation's virtual start and end are
+ * fixed when it is queued; the host clock moves only when the host waits (a
+ * synchronization moves it to the end of the work awaited), and event and stream queries
+ * answer from it. With one host thread, the same call sequence gives the same times, run
+ * after run. */
 
 /* 1 when CUDASIM_TIME=virtual, else 0. Callable at any time. */
 int cudasim_virtual_time(void);
@@ -106,10 +109,12 @@ uint64_t cudasim_now_ns(void);
 int cudasim_kernel(void* stream, uint64_t ns, const char* label);
 
 typedef struct cudasim_timeline_entry {
-  uint32_t kind;        /* 0 kernel, 1 h2d copy, 2 d2h copy, 3 d2d copy, 4 memset, 5 other (host fn, h2h copy) */
+  uint32_t kind;        /* 0 kernel, 1 h2d copy, 2 d2h copy, 3 d2d copy, 4 memset, 5 other (host fn, h2h copy),
+                           6 disk read, 7 disk write (stream-ordered file I/O on the disk engine, the
+                           bytes asked for; device: the stream's) */
   int32_t device;
   uint64_t stream;      /* the cudaStream_t value (0 for the legacy stream, 2 for a per-thread stream) */
-  uint64_t bytes;       /* copies and memsets; 0 for kernels */
+  uint64_t bytes;       /* copies, memsets, disk reads and writes; 0 for kernels */
   uint64_t enqueue_ns;  /* host virtual time when it was enqueued */
   uint64_t start_ns;    /* virtual start on its engine */
   uint64_t end_ns;      /* virtual end */
