@@ -103,12 +103,20 @@ void Engine::Impl::start_planned_copy(uint32_t slot, const char* when) {
   }
 }
 
-void* Engine::Impl::host_allocate(uint64_t bytes, uint32_t except, std::string* error) {
+void* Engine::Impl::host_allocate(uint64_t bytes, uint32_t except, std::string* error, bool needed) {
   void* host = host_.allocate(bytes, error);
   // Writes ahead under way free their buffers when done: wait for them, oldest first, before
   // sending more blocks to the disk.
   while (host == nullptr && !writing_.empty()) {
     finish_write(writing_.front(), true);
+    error->clear();
+    host = host_.allocate(bytes, error);
+  }
+  if (host == nullptr && needed) {
+    // Note [Pinned memory for a block needed now]: the copies in flight and the buffers
+    // freed behind them give pinned memory back as they land, sooner than a write to the
+    // disk would: wait for them first.
+    complete_copies(true);
     error->clear();
     host = host_.allocate(bytes, error);
   }
@@ -161,7 +169,7 @@ Status Engine::Impl::unspill(uint32_t slot) {
     if (!s.on_disk()) return {};
   }
   std::string error;
-  void* host = host_allocate(s.requested, slot, &error);
+  void* host = host_allocate(s.requested, slot, &error, true);
   if (host == nullptr)
     return {false, "cannot bring block " + format_hex(s.addr) + " (" + format_size(s.requested) +
                        ") back from the disk tier: no pinned memory to read it into: " + error +

@@ -294,7 +294,7 @@ class Engine::Impl : private policy::ReactiveEngine {
   // Pinned memory for `bytes`; when the host tier is full and there is a disk tier, evicted
   // blocks needed furthest away (never `except`) move on to the disk until it fits (Note
   // [The disk tier] in disk_tier.h). nullptr with *error set when it cannot.
-  void* host_allocate(uint64_t bytes, uint32_t except, std::string* error);
+  void* host_allocate(uint64_t bytes, uint32_t except, std::string* error, bool needed = false);
   // Moves an evicted block's host copy to the disk tier (written, then the host buffer
   // freed). False with *error set when the disk cannot take it (nothing changed).
   bool spill(uint32_t slot, std::string* error);

@@ -192,5 +192,36 @@ TEST_F(DiskSpill, AnUnusableDirectoryLeavesTheEngineWithoutADiskAndSaysWhy) {
   release_all(saved);
 }
 
+// A block on the disk needed now while the pinned tier is held by copies in flight: here
+// the host buffers of two blocks brought back ahead (one fetched, one read from the disk
+// and fetched), used and freed before the host saw their fetches land (their buffers go
+// back behind the fetches' events). Those buffers are free
+// as soon as the fetches land, so the read back waits for them instead of failing. It ran
+// out of pinned memory ("no pinned memory to read it into") where the host had not seen
+// them land (in virtual time, where nothing lands before the host waits: the CTest
+// variants .cufile_virtual_time and .virtual_time), and the benchmark's disk step
+// (gpt-small-disk at 75%) stopped with an out-of-memory.
+TEST_F(DiskSpill, ABlockNeededFromTheDiskWaitsForCopiesHoldingThePinnedTier) {
+  start_with_disk(16 * kMiB, 8 * kMiB, 0);  // pinned memory for two blocks
+  Saved saved = save_cold(8, 70);
+  ASSERT_GE(stats().disk_bytes, 2 * kBlock);
+  backward_one(saved, 7, 70);
+  backward_one(saved, 6, 70);
+  // Block 3 on the host, 0-2 on the disk: 3 fetched ahead, 2 read ahead into the pinned tier.
+  for (size_t i : {3, 2}) ASSERT_TRUE(engine_->prefetch(saved.handles[i]).ok) << i;
+  ASSERT_GE(stats().host_bytes, kBlock) << "pinned memory held by what comes back ahead";
+  for (size_t i : {5, 4, 3, 2}) {  // used and freed with no host wait: 3's and 2's buffers wait for their fetches
+    ASSERT_TRUE(engine_->unpack(saved.handles[i], stream_).ok) << i;
+    ASSERT_TRUE(engine_->release(saved.handles[i]).ok) << i;
+    ASSERT_TRUE(engine_->free_tagged(saved.blocks[i], stream_).ok) << i;
+  }
+  // Blocks 1 and 0 are on the disk (needed last, so sent there first) and needed now.
+  backward_one(saved, 1, 70);
+  backward_one(saved, 0, 70);
+  EXPECT_EQ(0u, stats().disk_bytes);
+  EXPECT_EQ(0u, stats().host_bytes);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
 }  // namespace
 }  // namespace engine_test
