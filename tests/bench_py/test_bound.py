@@ -422,9 +422,56 @@ def test_properties():
           not problems, problems[:5])
 
 
+def test_disk_traffic():
+    """Note [The disk's floor]: at the worst moment what the pinned tier cannot hold is on
+    the disk, and each byte there crossed it once for each of a write (unless frozen) and a
+    read (if used again), the cheapest bytes first."""
+    def step(unused_c):
+        # a (4 MB) and b or c (2 MB) saved and cold; then p (4 MB) under a 6 MB limit: 4 MB
+        # must be out while p lives. c is freed unused after p; b is used in backward.
+        w = Workload("disk")
+        w.phase("forward")
+        saved(w, "a", 4 * MB)
+        other = "c" if unused_c else "b"
+        saved(w, other, 2 * MB)
+        w.compute(1 * MS)
+        w.cold("a")
+        w.cold(other)
+        w.alloc("p", 4 * MB)
+        w.compute(1 * MS)
+        w.free("p")
+        if unused_c:
+            w.release("c")
+            w.free("c")
+        w.phase("backward")
+        for t in ("a",) if unused_c else ("b", "a"):
+            w.use(t)
+            w.compute(1 * MS)
+            w.release(t)
+            w.free(t)
+        return w.validate()
+
+    w = step(unused_c=False)
+    got = [bound.disk_traffic(w, 6 * MB, host * MB) for host in (0, 1, 4, 8)]
+    check("disk: 4 MB out, the pinned tier holding 0/1/4/8 MB: 4/3/0/0 MB on the disk, each written and read",
+          got == [8 * MB, 6 * MB, 0, 0], got)
+    w = step(unused_c=True)
+    got = bound.disk_traffic(w, 6 * MB, 1 * MB)
+    check("disk: 3 MB on the disk, c (2 MB, freed unused) goes first and is only written: 2 + 2 x 1 MB",
+          got == 4 * MB, got)
+    for frozen, want in ((True, 2 * MB), (False, 4 * MB)):
+        w, first = kept_step(frozen, in_setup=False)
+        got = bound.disk_traffic(w, 6 * MB, 0, first_op=first)
+        check(f"disk: 2 MB of kept W on the disk between its uses, {'frozen: only read' if frozen else 'changed: written and read'}",
+              got == want, got)
+    w = kept_then_a("disk kept, not used again", frozen=True).validate()
+    check("disk: a frozen tensor not used again in the step costs the disk nothing",
+          bound.disk_traffic(w, 6 * MB, 0, first_op=4) == 0)
+
+
 def main():
     for test in (test_no_pressure, test_one_tensor, test_only_what_is_out_when_needed, test_infeasible,
-                 test_shared_duplex, test_first_op, test_kept, test_errors, test_gpt_small, test_properties):
+                 test_shared_duplex, test_first_op, test_kept, test_disk_traffic, test_errors, test_gpt_small, test_properties):
         test()
 
 

@@ -20,7 +20,11 @@ What it holds the runner to (the issue's "must show"), on a small GPT step from 
   * `vramswap replay --json` of the MAGMA27 snapshot reports the trace's peak live bytes,
     12,550,078,464 B (skipped when bench/traces, or VRAMSWAP_TRACES_DIR, lacks the file);
   * `python3 -m vramswap bench` imports no torch; a bad argument is a usage error (exit 2)
-    that names it.
+    that names it;
+  * a run with a disk tier behind a small pinned one (gpt-small-disk: runner's Note [A disk
+    in the benchmark]) moves bytes through the disk, takes at least the disk's floor and
+    longer than the same limit with an unlimited pinned tier, a slower --disk makes its
+    step longer.
 Runs in well under a minute on 2 cores.
 
 Environment: VRAMSWAP_LIBRARY / VRAMSWAP_CUDASIM_DIR as for the package (default: build/).
@@ -229,9 +233,55 @@ def main():
           p.returncode == 2 and "--limit" in p.stderr, f"rc {p.returncode}, {p.stderr[-300:]!r}")
 
 
+def check_disk():
+    """gpt-small-disk at 75% of its peak: the pinned tier at a quarter of what must leave,
+    the rest through a 6 GB/s disk."""
+    sc = scenarios.SCENARIOS["gpt-small-disk"]
+    w = sc.workload()
+    base = dict(card_bytes=sc.card_bytes, pcie_gbps=sc.pcie_gbps, warmup=2)
+    none = runner.run(w, "none", **base, timeout_s=300)
+    peak = none["peak_device_bytes"]
+    limit = scenarios._granules(0.75 * peak)
+    disk = scenarios.disk_options(sc, peak, limit)
+    with_disk, unlimited = runner.run_many(w, [
+        dict(base, policy="vramswap", limit_bytes=limit, **disk), dict(base, policy="vramswap", limit_bytes=limit)])
+    check("disk: the run with a disk tier completes within the limit",
+          with_disk["status"] == "ok" and with_disk["peak_device_bytes"] <= limit, with_disk.get("error"))
+    if with_disk["status"] != "ok":
+        return
+    check("disk: blocks went through the disk and came back in the step",
+          with_disk["bytes_disk_write"] > 0 and with_disk["bytes_disk_read"] > 0,
+          f"{with_disk['bytes_disk_write']} B written, {with_disk['bytes_disk_read']} B read")
+    floor = with_disk.get("bound_disk_ns") or 0
+    check("disk: the step takes at least the disk's floor, and the bound is at least it",
+          0 < floor <= with_disk["bound_ns"] <= with_disk["step_time_ns"],
+          f"floor {floor} ns, bound {with_disk['bound_ns']} ns, step {with_disk['step_time_ns']} ns")
+    check("disk: the step's disk traffic is at least the floor's",
+          (with_disk["bytes_disk_write"] + with_disk["bytes_disk_read"]) / disk["disk_gbps"] >= floor - 1,
+          f"{with_disk['bytes_disk_write'] + with_disk['bytes_disk_read']} B at {disk['disk_gbps']} GB/s, floor {floor} ns")
+    check("disk: slower than the same limit with an unlimited pinned tier, which moves nothing through a disk",
+          unlimited["status"] == "ok" and unlimited["bytes_disk_write"] == 0
+          and unlimited["step_time_ns"] < with_disk["step_time_ns"],
+          f"{unlimited['step_time_ns']} ns vs {with_disk['step_time_ns']} ns")
+    p = cli("bench", "gpt-small-disk", "--disk", "3", "--json")
+    try:
+        rows = {r["label"]: r for r in json.loads(p.stdout)["scenarios"]["gpt-small-disk"]["runs"]}
+        slow = rows["vramswap 75% disk"]
+        check("disk: --disk 3 halves the disk's rate: a longer step, the floor doubled",
+              slow["disk_gbps"] == 3.0 and slow["step_time_ns"] > with_disk["step_time_ns"]
+              and abs(slow["bound_disk_ns"] - 2 * floor) <= 2,
+              f"{slow['step_time_ns']} ns vs {with_disk['step_time_ns']} ns, floor {slow['bound_disk_ns']} vs {floor}")
+    except (ValueError, KeyError) as e:
+        check("disk: bench gpt-small-disk --disk 3 --json", False, f"{e!r}; rc {p.returncode}, {p.stderr[-500:]!r}")
+    p = cli("bench", "gpt-small-disk", "--disk", "0")
+    check("bench: --disk 0 is a usage error naming it", p.returncode == 2 and "--disk" in p.stderr,
+          f"rc {p.returncode}, {p.stderr[-300:]!r}")
+
+
 if __name__ == "__main__":
     try:
         main()
+        check_disk()
     except runner.RunError as e:
         check("the runs complete", False, str(e))
     finish()

@@ -3,6 +3,8 @@ offload policy: no policy, however clever, can run the step faster on this card.
 
     lower_bound(workload, limit_bytes, pcie_gbps, duplex="full", overhead_bytes=0,
                 first_op=0)  -> Bound
+    disk_traffic(workload, limit_bytes, host_bytes, overhead_bytes=0, first_op=0)
+                -> bytes a disk tier behind `host_bytes` of pinned memory must move
 
 Pure Python, from the Workload alone (workload.py): nothing is run and no library is
 loaded. The runner reports it beside every run (measure.py's "bound_ns"); a policy is
@@ -104,6 +106,20 @@ found by bisection between the stall with those copies free (the least possible)
 stall they need given that much time.
 A kept tensor's saved uses (backward's pack and unpack of a frozen weight) do not end an
 interval here: eligible for longer, the bound can only be lower.
+
+Note [The disk's floor]
+-----------------------
+With a disk tier behind a pinned tier of H bytes, at least max(0, X(k) - H) bytes are on
+the disk after op k. Each byte there crossed the disk once per step at least: written, if
+its contents are the step's (every tensor but a frozen kept one, whose copy on the disk
+stays valid), and read back, if it is used again (its interval ends in a use). A policy
+choosing what goes to the disk at k takes the eligible bytes that cost least first (free:
+a frozen tensor never used again; one crossing: a frozen one used again, or a tensor of the
+step freed unused; two: a tensor of the step used again), so the least traffic the step
+needs is the largest, over the moments k, of that cheapest filling of X(k) - H bytes. One
+disk engine carries reads and writes at the disk's rate, and its work can overlap compute
+and copies, so the floor on the step is that traffic / rate, beside (not added to) the
+link's bound (measure.py's Note [The bound beside every run]).
 
 The relaxation ignores placement (fragmentation; give overhead_bytes), the copies' real
 granularity (a tensor moves whole), the engine's other duties, and the host side; so the
@@ -448,4 +464,33 @@ def _best_pair(tensors, times, until, constraints, d2h, h2d, rate):
             s = d2h[j] + between + h2d[k]
             if s > best[0]:
                 best = (s, j, d2h[j], h2d[k], between)
+    return best
+
+
+def disk_traffic(workload, limit_bytes, host_bytes, overhead_bytes=0, first_op=0):
+    """The least bytes a disk tier behind `host_bytes` of pinned memory must move (written
+    plus read) in the step of `workload` (its ops from `first_op` on) under a device limit
+    of `limit_bytes`: Note [The disk's floor]. 0 where the pinned tier holds what must
+    leave."""
+    ops = workload.ops if hasattr(workload, "ops") else workload
+    limit, host = int(limit_bytes), int(host_bytes)
+    tensors, _, constraints, _, _ = _scan(ops, first_op, int(overhead_bytes), limit)
+    # Each tensor's crossings: a write unless frozen (a kept interval the step does not
+    # change), a read if it is used again.
+    costs = [(tb.cold, tb.end, (1 if tb.d2h or tb.wrap is not None else 0) + (1 if tb.used else 0), tb.size)
+             for tb in tensors.values()]
+    best = 0
+    for k, x, _ in constraints:
+        need = x - host
+        if need <= 0:
+            continue
+        eligible = sorted((cost, size) for cold, end, cost, size in costs if cold <= k < end)
+        moved = 0
+        for cost, size in eligible:
+            take = min(size, need)
+            moved += cost * take
+            need -= take
+            if need == 0:
+                break
+        best = max(best, moved)
     return best

@@ -2,7 +2,7 @@
 on cudasim in virtual time (no GPU, no torch).
 
   bench [SCENARIO...|SNAPSHOT.pickle...|all] [--out DIR | --results] [--json] [--quick]
-        [--workers N] [--warmup N] [--list]
+        [--workers N] [--warmup N] [--disk GBPS] [--list]
       runs the named scenarios (default: scenarios.DEFAULT) under every policy and prints
       one table per scenario. A name that is an existing *.pickle file is a torch memory
       snapshot, replayed as `replay` replays it, at the standard limits on the H100 card.
@@ -12,7 +12,10 @@ on cudasim in virtual time (no GPU, no torch).
       current directory (DEFAULT_OUT; rewritten by the next run); the folder is printed.
       --json prints one JSON object instead of the tables and writes files only with --out.
       --quick runs vramswap at one limit per scenario, the lowest of its limits that the
-      step's working set fits (scenarios.quick_share()), horizon 4.
+      step's working set fits (scenarios.quick_share()), horizon 4. --disk GBPS sets the
+      disk's rate in the scenarios with a disk tier (gpt-small-disk: the pinned tier holds a
+      quarter of what must leave, the rest goes to the disk; runner.py's Note [A disk in
+      the benchmark]).
   replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS]
          [--duplex full|shared] [--soft-limit SIZE|PCT] [--warmup N]
          [--policy none|offload_all|vramswap] [--until PHASE] [--out DIR] [--json]
@@ -155,6 +158,9 @@ def bench_parser():
                    help="vramswap only at the lowest of the scenario's limits that its working set fits (50%% of "
                         "the peak for the GPT steps, 75%% for VGG-16), horizon 4, and above the peak")
     p.add_argument("--workers", type=_workers, default=2, help="child processes run at once (default 2)")
+    p.add_argument("--disk", type=_positive_float, metavar="GBPS",
+                   help="the disk's rate in the scenarios with a disk tier behind a small pinned one "
+                        "(gpt-small-disk; default: the scenario's, 6 GB/s)")
     _warmup_arg(p)
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     return p
@@ -216,7 +222,7 @@ def bench(argv):
         say(f"{n}: running ({sc.description})")
         try:
             sr = scenarios.run_scenario(sc, quick=args.quick, workers=args.workers, record=base is not None,
-                                        progress=say, warmup=args.warmup)
+                                        progress=say, warmup=args.warmup, disk_gbps=args.disk)
         except runner.RunError as e:
             print(f"vramswap bench: {n}: {e}", file=sys.stderr)
             return 1

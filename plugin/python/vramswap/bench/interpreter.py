@@ -32,7 +32,7 @@ import pickle
 import sys
 from pathlib import Path
 
-from .measure import KIND_NAMES, RunError, first_step_figures, step_start
+from .measure import KIND_DISK_READ, KIND_DISK_WRITE, KIND_NAMES, RunError, first_step_figures, step_start
 from .policy_none import NonePolicy
 from .policy_offload_all import OffloadAllPolicy
 from .policy_vramswap import VramswapPolicy
@@ -394,6 +394,15 @@ class _Interpreter:
             # copy when a worker runs it, and the step before may leave copies running.
             "bytes_d2h": sum(e[2] for e in copies if e[0] == 2),
             "bytes_h2d": sum(e[2] for e in copies if e[0] == 1),
+            # The disk tier's reads and writes the step queued (cudasim's disk engine).
+            "bytes_disk_read": sum(e[2] for e in timeline if e[0] == KIND_DISK_READ),
+            "bytes_disk_write": sum(e[2] for e in timeline if e[0] == KIND_DISK_WRITE),
+            # The engine's counts of the same (the step's): how much went ahead of need or use.
+            "disk_bytes_written_ahead": stats.get("disk_bytes_written_ahead", 0)
+            - self.stats0.get("disk_bytes_written_ahead", 0),
+            "disk_bytes_read_ahead": stats.get("disk_bytes_read_ahead", 0) - self.stats0.get("disk_bytes_read_ahead", 0),
+            "host_limit_bytes": self.spec["host_limit_bytes"],
+            "disk_gbps": self.spec.get("disk_gbps"),
             "step_time_ns": step_ns,
             "compute_ns": sum(e[5] - e[4] for e in kernels),
             "stall_ns": sum(e[6] for e in kernels),
@@ -423,8 +432,10 @@ class _Interpreter:
         }
         if self.record:
             stream_names = {compute_stream: "compute", **self.pol.stream_names()}
-            # The other streams are vramswap's engine's: one per direction.
-            engine = {1: "vramswap H2D", 2: "vramswap D2H"}
+            # The other streams are vramswap's engine's: one per direction, and the disk
+            # tier's (reads, writes).
+            engine = {1: "vramswap H2D", 2: "vramswap D2H", KIND_DISK_READ: "vramswap disk reads",
+                      KIND_DISK_WRITE: "vramswap disk writes"}
             result["timeline"] = [
                 {"kind": KIND_NAMES.get(e[0], "other"),
                  "stream": stream_names.get(e[1]) or engine.get(e[0]) or f"stream {e[1]:#x}",

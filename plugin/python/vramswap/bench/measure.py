@@ -57,12 +57,16 @@ Note [What is measured]
 
 Thread safety: pure functions on values.
 """
+import math
+
 # The warm-up steps `vramswap bench` and `vramswap replay` run before the measured step
 # (Note [Warm-up steps]); run() and run_many() measure the first step unless told.
 DEFAULT_WARMUP = 2
 
 # Copy kinds of cudasim_timeline_entry.kind.
-KIND_NAMES = {0: "kernel", 1: "h2d", 2: "d2h", 3: "d2d", 4: "memset", 5: "other"}
+KIND_DISK_READ, KIND_DISK_WRITE = 6, 7
+KIND_NAMES = {0: "kernel", 1: "h2d", 2: "d2h", 3: "d2d", 4: "memset", 5: "other",
+              KIND_DISK_READ: "disk read", KIND_DISK_WRITE: "disk write"}
 
 
 class RunError(RuntimeError):
@@ -151,6 +155,12 @@ def first_step_figures(result):
 #   step/bound         step_time_ns / bound_ns (a completed run with a bound)
 #   d2h/must_leave     bytes_d2h / must_leave_bytes (a completed run; None when nothing must
 #                      leave)
+#   bound_disk_ns      a run with a disk tier (disk_gbps, behind a pinned tier of
+#                      host_limit_bytes): the disk's floor, the least bytes the disk must
+#                      move in the step (bound.disk_traffic, Note [The disk's floor]) at
+#                      disk_gbps. The bound is the larger of the link's bound and this floor
+#                      (the disk's time may overlap compute and copies, so it does not add to
+#                      them).
 # result["first_step"] gets its own bound_ns and step/bound (the whole workload from the
 # start: the first step's setup is part of its time).
 # Where the run measured the first step although warm-up steps were asked for, warmup_note
@@ -178,11 +188,26 @@ def add_bound(result, workload, cache=None):
     start = step if result.get("warmup_steps") else 0
     b = _bound(workload, cache, limit, pcie, duplex, start or 0)
     ok = result.get("status") == "ok"
+
+    def with_disk(b, first_op):
+        """b's bound, raised to the disk's floor for a run with a disk tier; and the floor."""
+        if not result.get("disk_gbps") or b.bound_ns is None:
+            return b.bound_ns, None
+        from . import bound
+        key = ("disk", limit, int(result["host_limit_bytes"]), first_op)
+        if key not in cache:
+            cache[key] = bound.disk_traffic(workload, limit, result["host_limit_bytes"], first_op=first_op)
+        floor = math.ceil(cache[key] / float(result["disk_gbps"]))
+        return max(b.bound_ns, floor), floor
+
+    bound_ns, disk_floor = with_disk(b, start or 0)
+    if disk_floor is not None:
+        result["bound_disk_ns"] = disk_floor
     result.update({
-        "bound_ns": b.bound_ns, "must_leave_bytes": b.must_leave_bytes, "must_leave_at_ns": b.must_leave_at_ns,
+        "bound_ns": bound_ns, "must_leave_bytes": b.must_leave_bytes, "must_leave_at_ns": b.must_leave_at_ns,
         "bound_d2h_stall_ns": b.d2h_stall_ns, "bound_h2d_stall_ns": b.h2d_stall_ns,
         "bound_both_stall_ns": b.both_stall_ns,
-        "step/bound": _ratio(result.get("step_time_ns"), b.bound_ns) if ok else None,
+        "step/bound": _ratio(result.get("step_time_ns"), bound_ns) if ok else None,
         "d2h/must_leave": _ratio(result.get("bytes_d2h"), b.must_leave_bytes) if ok else None,
     })
     if b.note:
@@ -190,8 +215,8 @@ def add_bound(result, workload, cache=None):
     first = result.get("first_step")
     if first is not None:
         fb = b if not start else _bound(workload, cache, limit, pcie, duplex, 0)
-        first["bound_ns"] = fb.bound_ns
-        first["step/bound"] = _ratio(first.get("step_time_ns"), fb.bound_ns) if first.get("status") == "ok" else None
+        first["bound_ns"] = with_disk(fb, 0)[0]
+        first["step/bound"] = _ratio(first.get("step_time_ns"), first["bound_ns"]) if first.get("status") == "ok" else None
     if result.get("warmup", 0) and not result.get("warmup_steps"):
         what = "snapshot" if (workload.meta or {}).get("snapshot") or (workload.meta or {}).get("carried_in") \
             else "workload"

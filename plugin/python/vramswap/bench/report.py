@@ -130,6 +130,11 @@ def notes(results):
             infeasible.setdefault(r["bound_note"], []).append(run_name(r))
     for why, names in infeasible.items():
         out.append(f"bound of {', '.join(dict.fromkeys(names))}: {why}")
+    for r in results:
+        if r.get("disk_gbps") and r["status"] == "ok":
+            out.append(f"{run_name(r)}: pinned tier {fmt_bytes(r['host_limit_bytes'])}, disk at {r['disk_gbps']:g} GB/s: "
+                       f"{fmt_bytes(r.get('bytes_disk_write'))} written, {fmt_bytes(r.get('bytes_disk_read'))} read in "
+                       f"the step; the disk's floor {fmt_ns(r.get('bound_disk_ns'))} (measure.py)")
     return out
 
 
@@ -401,11 +406,12 @@ def _us(ns):
 def chrome_trace(r, title):
     """One run (one training step) as Chrome-trace JSON (the object format: traceEvents with
     complete "X" events, ts and dur in microseconds): process "GPU 0" with one thread per
-    engine (compute, H2D copy, D2H copy), a "phases" thread, and counters for device and
-    live memory. Perfetto (ui.perfetto.dev) and chrome://tracing open it."""
+    engine (compute, H2D copy, D2H copy, the disk), a "phases" thread, and counters for
+    device and live memory. Perfetto (ui.perfetto.dev) and chrome://tracing open it."""
     ev = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"GPU 0: {title} (cudasim virtual time)"}}]
-    tids = {"phase": 0, "kernel": 1, "h2d": 2, "d2h": 3, "other": 4}
-    names = {0: "phases", 1: "compute engine (kernels)", 2: "H2D copy engine", 3: "D2H copy engine", 4: "other"}
+    tids = {"phase": 0, "kernel": 1, "h2d": 2, "d2h": 3, "other": 4, "disk read": 5, "disk write": 5}
+    names = {0: "phases", 1: "compute engine (kernels)", 2: "H2D copy engine", 3: "D2H copy engine", 4: "other",
+             5: "disk engine (the disk tier's reads and writes)"}
     for tid, name in names.items():
         ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": name}})
         ev.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": tid, "args": {"sort_index": tid}})

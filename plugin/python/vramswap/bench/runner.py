@@ -14,6 +14,15 @@ What the child does is interpreter.py (the ops) and policy_*.py (one module per 
 Note [offload_all] in policy_offload_all.py); what a run measures, the warm-up steps and
 the bound beside every result are measure.py's Notes.
 
+Note [A disk in the benchmark]
+------------------------------
+A run with disk_gbps has a disk tier (VRAMSWAP_DISK_DIR, a directory of its own in the
+runs' temporary directory, gone with it) behind a pinned tier of host_limit_bytes, with
+its I/O on streams (VRAMSWAP_DISK_IO=cufile): cudasim's libcufile queues each read and
+write on the disk engine at CUDASIM_DISK_GBPS, one engine for reads and writes, so a step
+that waits for the disk is charged for it on the virtual clock. With CUDASIM_UNBACKED the
+I/O moves no bytes (as the copies move none), so the file holds only its reserved space.
+
 Thread safety: run() and run_many() may be called from any thread; each child is a process
 of its own.
 """
@@ -41,7 +50,7 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # plugin/python
 
 def _spec(policy, card_bytes, pcie_gbps, limit_bytes=None, horizon=4, soft_limit=None,
           duplex="full", hbm_gbps=None, min_offload_bytes=None, host_limit_bytes=None,
-          record=True, label=None, warmup=0):
+          record=True, label=None, warmup=0, disk_gbps=None):
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     if duplex not in DUPLEX:
@@ -56,6 +65,8 @@ def _spec(policy, card_bytes, pcie_gbps, limit_bytes=None, horizon=4, soft_limit
         raise ValueError(f"limit_bytes must be positive, not {limit_bytes!r}")
     if warmup is None or int(warmup) < 0:
         raise ValueError(f"warmup must be a non-negative integer, not {warmup!r}")
+    if disk_gbps is not None and not float(disk_gbps) > 0:
+        raise ValueError(f"disk_gbps must be positive, not {disk_gbps!r}")
     return {
         "policy": policy, "card_bytes": int(card_bytes), "pcie_gbps": float(pcie_gbps),
         "limit_bytes": None if limit_bytes is None else int(limit_bytes),
@@ -64,6 +75,7 @@ def _spec(policy, card_bytes, pcie_gbps, limit_bytes=None, horizon=4, soft_limit
         # Unbacked pinned memory costs nothing; the tier must never be what stops a run.
         "host_limit_bytes": int(host_limit_bytes or max(4 * int(card_bytes), 64 * GiB)),
         "record": bool(record), "label": label, "warmup": int(warmup),
+        "disk_gbps": None if disk_gbps is None else float(disk_gbps),
     }
 
 
@@ -94,6 +106,10 @@ def _child_env(spec):
         env["VRAMSWAP_SOFT_LIMIT"] = str(spec["soft_limit"])
     if spec["min_offload_bytes"] is not None:
         env["VRAMSWAP_MIN_OFFLOAD_BYTES"] = str(spec["min_offload_bytes"])
+    if spec.get("disk_gbps"):
+        # Note [A disk in the benchmark]: the tier's I/O on streams, which cudasim times.
+        env.update({"VRAMSWAP_DISK_DIR": spec["disk_dir"], "VRAMSWAP_DISK_IO": "cufile",
+                    "CUDASIM_DISK_GBPS": repr(spec["disk_gbps"])})
     return env
 
 
@@ -108,6 +124,10 @@ class _Job:
         self.err_path = Path(workdir) / f"stderr{index}.txt"
         self.timeout_s = timeout_s
         self.timed_out = False
+        if spec.get("disk_gbps"):
+            disk_dir = Path(workdir) / f"disk{index}"
+            disk_dir.mkdir(mode=0o700)
+            spec = self.spec = dict(spec, disk_dir=str(disk_dir))
         self.spec_path.write_text(json.dumps({"ops_path": str(ops_path), **spec}))
         self.proc = self.err = None
 
@@ -201,7 +221,8 @@ def run(workload, policy, card_bytes, pcie_gbps, timeout_s=600, **options):
     prefetch depth), soft_limit (VRAMSWAP_SOFT_LIMIT, a size or a percentage), duplex
     ("full" or "shared"), hbm_gbps, min_offload_bytes, host_limit_bytes, record (keep the
     timeline and the memory series), label, warmup (steps run before the measured one: see
-    Note [Warm-up steps]). Raises ValueError for a bad argument, RunError
+    Note [Warm-up steps]), disk_gbps (a disk tier behind the pinned one, at that rate: Note
+    [A disk in the benchmark]). Raises ValueError for a bad argument, RunError
     when the child fails."""
     spec = dict(options, policy=policy, card_bytes=card_bytes, pcie_gbps=pcie_gbps)
     return run_many(workload, [spec], workers=1, timeout_s=timeout_s)[0]

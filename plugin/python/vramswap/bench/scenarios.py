@@ -35,6 +35,8 @@ from . import runner
 
 GiB = 1 << 30
 GRANULE = 2 << 20
+# VRAMSWAP_HOST_LIMIT's least value, and the unit a disk scenario's pinned tier is sized in.
+HOST_TIER_MIN = 2 << 20
 _REPO_ROOT = Path(__file__).resolve().parents[4]
 
 
@@ -75,6 +77,11 @@ class Scenario:
     available: object = None             # () -> None when it can run, else the reason it cannot
     notes: str = ""                      # what a reader of the results should know (README)
     kept: bool = False                   # its workload keeps tensors (frozen weights, optimizer state)
+    # A disk tier behind a small pinned one (runner.py's Note [A disk in the benchmark]): the
+    # pinned tier holds this share of the bytes that must leave at each limit (the no-offload
+    # peak minus the limit), the rest goes on to a disk of disk_gbps (--disk overrides it).
+    host_share: float = None
+    disk_gbps: float = None
     _workload: object = field(default=None, repr=False)
 
     def workload(self):
@@ -161,6 +168,20 @@ SCENARIOS = {s.name: s for s in (
                    "each optimizer step and back before the next. offload_all stands for ZeRO-Offload's state "
                    "movement with the optimizer kept on the GPU: each layer's state out after its step, back "
                    "at the next."),
+    # The host is the bottleneck: the pinned tier holds a quarter of what must leave, the
+    # rest goes to an NVMe-class disk (the issue's must-show for the disk tier, as a step).
+    Scenario("gpt-small-disk", "GPT-2 small at batch 2 (sequence 1024, bf16, eager attention, fused AdamW) with "
+             "the pinned host tier at a quarter of the bytes that must leave at each limit and a disk tier "
+             "behind it at 6 GB/s (one PCIe 4.0 NVMe drive)",
+             _gpt(layers=12, hidden=768, heads=12, seq=1024, batch=2), **H100,
+             limits=(0.75, 0.6), horizons=(4,), above=(), soft_limits=(), offload_all_horizons=(),
+             host_share=0.25, disk_gbps=6.0,
+             notes="What the pinned tier cannot hold is written to the disk and read back within the step, at a "
+                   "ninth of the link's rate: the step waits for the disk. The bound beside a disk run is the larger "
+                   "of the link's bound and the disk's floor (bound.py's Note [The disk's floor]): the least bytes the "
+                   "disk must move in the step, at its rate. Beside each disk run, the same limit with an unlimited "
+                   "pinned tier. At 50% vramswap runs out of memory in the loss with or without a disk (1.9 GiB of "
+                   "untagged tensors live there and nothing cold is left to evict), so the lower limit is 60%."),
     Scenario("vgg16-b128", "VGG-16, batch 128, fp32, SGD with momentum (the vDNN case)", _vgg(batch=128), **TITAN_X,
              notes="At 50% the limit is below the step's working set: the backward of pool1 alone needs its "
                    "saved input, its indices and a new input gradient (1.53 GiB each at batch 128) beside the "
@@ -273,11 +294,23 @@ def plan(sc, reference_peak, quick_at=None):
     return runs
 
 
-def run_scenario(sc, quick=False, workers=2, record=True, progress=None, timeout_s=600, warmup=runner.DEFAULT_WARMUP):
+def disk_options(sc, reference_peak, limit, disk_gbps=None):
+    """A vramswap run's pinned tier and disk at `limit` (runner.run's host_limit_bytes and
+    disk_gbps): {} for a scenario without a disk tier. disk_gbps overrides the scenario's."""
+    if sc.host_share is None:
+        return {}
+    must_leave = max(0, reference_peak - limit)
+    host = max(HOST_TIER_MIN, int(sc.host_share * must_leave) // HOST_TIER_MIN * HOST_TIER_MIN)
+    return {"host_limit_bytes": host, "disk_gbps": disk_gbps or sc.disk_gbps}
+
+
+def run_scenario(sc, quick=False, workers=2, record=True, progress=None, timeout_s=600, warmup=runner.DEFAULT_WARMUP,
+                 disk_gbps=None):
     """Runs every policy of `sc` (quick: vramswap only at quick_share() with horizon 4, plus the
     limits above the peak) and returns a ScenarioResult with the results in table order. progress(msg)
     is called as runs end. warmup: the steps run before the measured one (measure.py's Note
-    [Warm-up steps])."""
+    [Warm-up steps]). disk_gbps: the disk's rate in a scenario with a disk tier (default: the
+    scenario's)."""
     w = sc.workload()
     peak_live, final_live = w.live_bytes()
     base = dict(card_bytes=sc.card_bytes, pcie_gbps=sc.pcie_gbps, duplex=sc.duplex, hbm_gbps=sc.hbm_gbps,
@@ -302,8 +335,14 @@ def run_scenario(sc, quick=False, workers=2, record=True, progress=None, timeout
         raise runner.RunError(f"{sc.name}: no no-offload run completed, even on a larger card: "
                               + "; ".join(r.get("error") or "" for r in results if r["policy"] == "none"))
     reference = min(r["peak_device_bytes"] for r in done)
-    second = [dict(base, policy="vramswap", label=label, limit_bytes=limit, horizon=h, soft_limit=soft)
-              for label, limit, h, soft in plan(sc, reference, quick_share(sc, w, reference) if quick else None)]
+    second = []
+    for label, limit, h, soft in plan(sc, reference, quick_share(sc, w, reference) if quick else None):
+        run = dict(base, policy="vramswap", label=label, limit_bytes=limit, horizon=h, soft_limit=soft)
+        disk = disk_options(sc, reference, limit, disk_gbps)
+        if disk:
+            second.append(dict(run, label=f"{label} disk", **disk))
+            run["label"] = f"{label} host unlimited"
+        second.append(run)
     results += runner.run_many(w, second, workers=workers, timeout_s=timeout_s, on_result=note)
     base_live = runner.live_base_bytes(w)  # a snapshot's carried-in tensors (runner.py)
     facts = {"ops": len(w.ops), "peak_live_bytes": peak_live - base_live, "final_live_bytes": final_live - base_live,
