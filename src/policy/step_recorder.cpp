@@ -150,6 +150,22 @@ void StepRecorder::plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns,
   for (uint32_t b : victims) fetches_[plan_.fetch_at[b]].push_back(b);
   recorded_use_.resize(step_.blocks.size());
   for (size_t b = 0; b < step_.blocks.size(); ++b) recorded_use_[b] = step_.blocks[b].use;
+  // The plan's bytes out at each point (a victim from its cold point through the point its
+  // fetch follows, or to the end), then the most of them from each point on.
+  const size_t n = recorded_points_;
+  std::vector<int64_t> delta(n + 1, 0);
+  for (uint32_t b : victims) {
+    const StepBlock& sb = step_.blocks[b];
+    if (sb.cold >= n) continue;
+    delta[sb.cold] += int64_t(sb.bytes);
+    const size_t until = plan_.fetch_at[b] == kNoPoint ? n : std::min<size_t>(plan_.fetch_at[b] + 1, n);
+    delta[until] -= int64_t(sb.bytes);
+  }
+  std::vector<uint64_t> out(n + 1, 0);
+  int64_t level = 0;
+  for (size_t p = 0; p < n; ++p) out[p] = uint64_t(level += delta[p]);
+  out_ahead_.assign(n + 1, 0);
+  for (size_t p = n; p-- > 0;) out_ahead_[p] = std::max(out[p], out_ahead_[p + 1]);
 }
 
 // Note [Late fetches] in step_recorder.h.

@@ -141,6 +141,13 @@ class StepRecorder {
   bool planned_out(uint32_t block) const {
     return planned_victim(block) && plan_.fetch_at[block] != kNoPoint && step_.demand.size() <= plan_.fetch_at[block];
   }
+  // Following: the most bytes the plan has out (its victims from their cold point to the
+  // point after which their fetch starts) at any point from the current one to the step's
+  // end: what pinned memory, and a disk tier behind it, must hold before the step ends.
+  uint64_t planned_out_ahead() const {
+    const size_t p = step_.demand.size();
+    return following_ && p < out_ahead_.size() ? out_ahead_[p] : 0;
+  }
   // The point at which the recording needed `block` (kNoPoint: never, or not recorded).
   uint32_t recorded_use(uint32_t block) const {
     return block < recorded_use_.size() ? recorded_use_[block] : kNoPoint;
@@ -219,6 +226,7 @@ class StepRecorder {
   Plan plan_;
   std::vector<std::vector<uint32_t>> fetches_;
   std::vector<uint32_t> recorded_use_;  // per block of the recording: its use point
+  std::vector<uint64_t> out_ahead_;     // per point: planned_out_ahead() there
   uint64_t planned_steps_ = 0, divergences_ = 0, backoffs_ = 0;
   bool ended_planned_ = false;  // the step that ended last followed the plan to its end
   uint64_t reactive_ns_ = 0;    // how long the last step the reactive policy ran took

@@ -80,6 +80,32 @@ TEST(StepRecorder, TheFirstStepIsRecordedTheSecondFollowsThePlan) {
   EXPECT_EQ(1u, r.num_divergences());
 }
 
+TEST(StepRecorder, PlannedOutAheadIsThePlansMostBytesOutFromHereOn) {
+  // What pinned memory and a disk tier behind it must hold before the step ends (the disk
+  // tier writes ahead to it: Note [Writing ahead to the disk]): A (4) is out from its cold
+  // mark through the junction, after which its fetch starts.
+  StepRecorder r(true, 10);
+  Driver d(r);
+  d.step(3);
+  EXPECT_EQ(0u, r.planned_out_ahead()) << "not following a plan";
+  r.begin_step();
+  Driver f(r);
+  f.at(K::kGraph, kNoPoint, 0, 0);
+  EXPECT_EQ(4u, r.planned_out_ahead()) << "A will be out";
+  f.at(K::kAlloc, kNoPoint, 4, 4);
+  const uint32_t a = r.new_block(4);
+  f.at(K::kPack, a, 4, 4);
+  f.at(K::kAlloc, kNoPoint, 4, 8);
+  const uint32_t b = r.new_block(4);
+  f.at(K::kPack, b, 4, 8);
+  f.at(K::kCold, a, 0, 8);
+  f.at(K::kCold, b, 0, 8);
+  EXPECT_EQ(4u, r.planned_out_ahead()) << "A is out";
+  f.at(K::kUnpack, b, 0, 13);
+  EXPECT_EQ(0u, r.planned_out_ahead()) << "past the junction: A's fetch has started, nothing more goes out";
+  ASSERT_TRUE(r.following());
+}
+
 TEST(StepRecorder, FetchesStartAfterThePointThePlanNames) {
   StepRecorder r(true, 10);
   Driver d(r);
