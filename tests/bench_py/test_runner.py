@@ -24,7 +24,7 @@ What it holds the runner to (the issue's "must show"), on a small GPT step from 
   * a run with a disk tier behind a small pinned one (gpt-small-disk: runner's Note [A disk
     in the benchmark]) moves bytes through the disk, takes at least the disk's floor and
     longer than the same limit with an unlimited pinned tier, a slower --disk makes its
-    step longer, and at 60% of the peak the disk moves at most 1.5x the least it must.
+    step longer, and at 60% of the peak the disk moves at most 1.25x the least it must.
 Runs in well under a minute on 2 cores.
 
 Environment: VRAMSWAP_LIBRARY / VRAMSWAP_CUDASIM_DIR as for the package (default: build/).
@@ -248,13 +248,15 @@ def check_disk():
         dict(base, policy="vramswap", limit_bytes=limit, **disk), dict(base, policy="vramswap", limit_bytes=limit),
         dict(base, policy="vramswap", limit_bytes=limit60, **scenarios.disk_options(sc, peak, limit60))])
     # Following a plan, the disk tier writes ahead only what the plan has out beyond the
-    # pinned tier (Note [Writing ahead to the disk]); with the tier's own guess at 60% it moved
-    # 1.72x the floor's traffic (2.14 GiB each way).
+    # pinned tier (Note [Writing ahead to the disk]), and a read ahead takes only free pinned
+    # memory (Note [Reading ahead from the disk]). With the tier's own guess at 60% the disk
+    # moved 1.72x the floor's traffic; counting the plan's bytes, 1.39x; reading ahead only
+    # into free memory, 1.11x.
     if at60["status"] == "ok":
         moved = at60["bytes_disk_write"] + at60["bytes_disk_read"]
         least = at60["bound_disk_ns"] * at60["disk_gbps"]
-        check(f"disk at 60%: the disk's traffic within 1.5x the least the step needs ({moved / least:.2f}x)",
-              moved <= 1.5 * least, f"{moved} B through the disk, at least {least:.0f} B")
+        check(f"disk at 60%: the disk's traffic within 1.25x the least the step needs ({moved / least:.2f}x)",
+              moved <= 1.25 * least, f"{moved} B through the disk, at least {least:.0f} B")
     else:
         check("disk at 60% completes", False, at60.get("error"))
     check("disk: the run with a disk tier completes within the limit",
