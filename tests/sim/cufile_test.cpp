@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "runtime_test_util.h"
+#include "timeline_test_util.h"
 
 // GoogleTest compares and prints a CUfileError_t (a global C type) through these.
 inline bool operator==(const CUfileError_t& a, const CUfileError_t& b) {
@@ -41,8 +42,10 @@ namespace {
 
 using cudasim_test::DeviceBuffer;
 using cudasim_test::kMiB;
+using cudasim_test::only;
 using cudasim_test::PinnedBuffer;
 using cudasim_test::Stream;
+using cudasim_test::timeline;
 using cudasim_test::StreamGate;
 using cudasim_test::Watchdog;
 
@@ -70,25 +73,7 @@ bool env_is(const char* name, const char* value) {
   return v != nullptr && std::strcmp(v, value) == 0;
 }
 
-std::vector<cudasim_timeline_entry> timeline() {
-  const size_t n = cudasim_timeline(nullptr, 0);
-  std::vector<cudasim_timeline_entry> out(n);
-  out.resize(std::min(n, cudasim_timeline(out.data(), n)));
-  return out;
-}
 
-// The one entry of `kind`; fails when there is not exactly one.
-cudasim_timeline_entry only(uint32_t kind) {
-  cudasim_timeline_entry found{};
-  int n = 0;
-  for (const auto& e : timeline())
-    if (e.kind == kind) {
-      found = e;
-      ++n;
-    }
-  EXPECT_EQ(1, n) << "entries of kind " << kind;
-  return found;
-}
 
 // A file of its own under TMPDIR (or /tmp), removed on destruction.
 class TempFile {

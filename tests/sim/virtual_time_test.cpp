@@ -31,14 +31,17 @@
 #include <vector>
 
 #include "runtime_test_util.h"
+#include "timeline_test_util.h"
 
 namespace {
 
 using cudasim_test::DeviceBuffer;
 using cudasim_test::Event;
 using cudasim_test::kMiB;
+using cudasim_test::only;
 using cudasim_test::PinnedBuffer;
 using cudasim_test::Stream;
+using cudasim_test::timeline;
 
 constexpr uint64_t kBytes = 5'000'000;   // a copy's size
 constexpr uint64_t kCopyNs = 100'000;    // kBytes at 50 GB/s
@@ -46,13 +49,6 @@ constexpr uint64_t kDeviceNs = 5'000;    // kBytes at 1000 GB/s
 
 enum Kind : uint32_t { kKernel = 0, kH2D = 1, kD2H = 2, kD2D = 3, kMemset = 4, kOther = 5 };
 
-std::vector<cudasim_timeline_entry> timeline() {
-  const size_t n = cudasim_timeline(nullptr, 0);
-  std::vector<cudasim_timeline_entry> out(n);
-  const size_t recorded = cudasim_timeline(out.data(), n);
-  out.resize(std::min(n, recorded));
-  return out;
-}
 
 uint64_t handle_of(cudaStream_t s) { return reinterpret_cast<uint64_t>(s); }
 
@@ -87,18 +83,6 @@ class VirtualTime : public ::testing::Test {
   uint64_t t0_ = 0;
 };
 
-// The one entry of `kind` in the timeline; fails when there is not exactly one.
-cudasim_timeline_entry only(uint32_t kind) {
-  cudasim_timeline_entry found{};
-  int n = 0;
-  for (const auto& e : timeline())
-    if (e.kind == kind) {
-      found = e;
-      ++n;
-    }
-  EXPECT_EQ(1, n) << "entries of kind " << kind;
-  return found;
-}
 
 TEST_F(VirtualTime, ReportsVirtualTimeAndStartsAtTheHostClock) {
   EXPECT_EQ(1, cudasim_virtual_time());
