@@ -40,7 +40,9 @@ import time
 # only cudasim can run them, with why. Left out whole: tests/sim (cudasim's own), the
 # registrations that exist for cudasim's settings (CUDASIM_CHAOS, a pinned limit, two
 # devices, a limit in percent of its 1 GiB device), and the executables with no CUDA in
-# them (config, policy, stats, the disk tier's files).
+# them (config, policy, stats). The disk tier's run holds its cuFile cases: on a GPU machine
+# they load NVIDIA's libcufile.so.0 (real_library_dirs() looks for it too), and fail, saying
+# so, where it is missing.
 OFFLOAD_ENV = {"VRAMSWAP_LIMIT": "64MiB", "VRAMSWAP_TEST_EXPECTED_LIMIT": "67108864"}
 RUNS = [
     ("pool_conformance", "tests/pool/pool_conformance_test", "*", {}, {}),
@@ -51,6 +53,9 @@ RUNS = [
             "address space, a GPU does not",
     }),
     ("residency_reclaim", "tests/residency/residency_reclaim_test", "*", {}, {}),
+    ("residency_disk_tier", "tests/residency/residency_disk_tier_test", "*", {}, {
+        "DiskTierCuFile.*": "times the disk on cudasim's virtual clock (CUDASIM_TIME=virtual)",
+    }),
     ("host_tier", "tests/host_tier/host_tier_test", "*", {}, {
         "HostTierPinnedLimit.*": "needs CUDASIM_HOST_PINNED_LIMIT (a host that pins no more)",
     }),
@@ -101,6 +106,16 @@ def real_library_dirs() -> list[str]:
         pass
     for d in candidates:
         if os.path.exists(os.path.join(d, "libcudart.so.13")):
+            dirs.append(d)
+            break
+    # libcufile.so.0 (the disk tier's VRAMSWAP_DISK_IO=cufile): the toolkit's, or a wheel's.
+    try:
+        import nvidia
+        candidates += [d for base in nvidia.__path__ for d in glob.glob(os.path.join(base, "*", "lib"))]
+    except ImportError:
+        pass
+    for d in candidates:
+        if os.path.exists(os.path.join(d, "libcufile.so.0")):
             dirs.append(d)
             break
     return list(dict.fromkeys(dirs))
