@@ -38,6 +38,7 @@ constexpr uint64_t kCard = 80 * kGiB;
 // Every key of the table, in its order: the list an unknown key's warning ends with.
 constexpr const char* kKnownKeys =
     "VRAMSWAP_LIMIT, VRAMSWAP_SOFT_LIMIT, VRAMSWAP_HOST_LIMIT, VRAMSWAP_DISK_DIR, VRAMSWAP_DISK_LIMIT, "
+    "VRAMSWAP_DISK_IO, "
     "VRAMSWAP_MIN_OFFLOAD_BYTES, VRAMSWAP_HORIZON, VRAMSWAP_PLAN, VRAMSWAP_VERIFY, VRAMSWAP_LOG, VRAMSWAP_STATS_FILE";
 
 constexpr const char* kLimitForm =
@@ -58,7 +59,7 @@ TEST(Table, HasTheKeysOfThisReleaseAndNoOthers) {
   std::vector<std::string> names;
   for (const KeySpec& spec : keys()) names.emplace_back(spec.name);
   EXPECT_EQ(names, (std::vector<std::string>{"VRAMSWAP_LIMIT", "VRAMSWAP_SOFT_LIMIT", "VRAMSWAP_HOST_LIMIT",
-                                              "VRAMSWAP_DISK_DIR", "VRAMSWAP_DISK_LIMIT", "VRAMSWAP_MIN_OFFLOAD_BYTES", "VRAMSWAP_HORIZON", "VRAMSWAP_PLAN",
+                                              "VRAMSWAP_DISK_DIR", "VRAMSWAP_DISK_LIMIT", "VRAMSWAP_DISK_IO", "VRAMSWAP_MIN_OFFLOAD_BYTES", "VRAMSWAP_HORIZON", "VRAMSWAP_PLAN",
                                               "VRAMSWAP_VERIFY", "VRAMSWAP_LOG", "VRAMSWAP_STATS_FILE"}));
 }
 
@@ -618,6 +619,7 @@ TEST(Describe, OneLinePerKeyAllDefault) {
                                             "VRAMSWAP_HOST_LIMIT= (default)",
                                             "VRAMSWAP_DISK_DIR= (default)",
                                             "VRAMSWAP_DISK_LIMIT= (default)",
+                                            "VRAMSWAP_DISK_IO=threads (default)",
                                             "VRAMSWAP_MIN_OFFLOAD_BYTES=64KiB (default)",
                                             "VRAMSWAP_HORIZON=4 (default)", "VRAMSWAP_PLAN=auto (default)",
                                             "VRAMSWAP_VERIFY=0 (default)",
@@ -636,7 +638,8 @@ TEST(Describe, MentionsEveryKeyAndMarksWhatWasSet) {
   EXPECT_EQ(got, (std::vector<std::string>{
                      "VRAMSWAP_LIMIT=16GiB (set; default: 0)", "VRAMSWAP_SOFT_LIMIT=90% (default)",
                      "VRAMSWAP_HOST_LIMIT=32GiB (set; default: unset)", "VRAMSWAP_DISK_DIR= (default)",
-                     "VRAMSWAP_DISK_LIMIT= (default)", "VRAMSWAP_MIN_OFFLOAD_BYTES=64KiB (default)",
+                     "VRAMSWAP_DISK_LIMIT= (default)", "VRAMSWAP_DISK_IO=threads (default)",
+                     "VRAMSWAP_MIN_OFFLOAD_BYTES=64KiB (default)",
                      "VRAMSWAP_HORIZON=4 (default)", "VRAMSWAP_PLAN=auto (default)",
                      "VRAMSWAP_VERIFY=1 (set; default: 0)",
                      "VRAMSWAP_LOG=warn (default)", "VRAMSWAP_STATS_FILE=/tmp/s.json (set; default: unset)"}));
@@ -693,7 +696,7 @@ TEST(MarkdownTable, HasAHeaderAndOneRowPerKey) {
 
 TEST(MarkdownTable, RowsShowDefaultAndAcceptedForm) {
   std::vector<std::string> got = lines(markdown_table());
-  ASSERT_EQ(got.size(), 13u);
+  ASSERT_EQ(got.size(), 14u);
   const char* starts[] = {
       "| `VRAMSWAP_LIMIT` | `0` | a size such as 8GiB, 512MiB, 1073741824 or a percentage of the card such as 80% | ",
       "| `VRAMSWAP_SOFT_LIMIT` | `90%` | a size such as 8GiB, 512MiB, 1073741824 or a percentage of the limit such "
@@ -703,6 +706,7 @@ TEST(MarkdownTable, RowsShowDefaultAndAcceptedForm) {
       "| `VRAMSWAP_DISK_DIR` | unset | a directory path (empty: none) | ",
       "| `VRAMSWAP_DISK_LIMIT` | unset | a size such as 8GiB, 512MiB or 1073741824 of at least 4KiB (empty: the "
       "default) | ",
+      "| `VRAMSWAP_DISK_IO` | `threads` | one of threads, cufile | ",
       "| `VRAMSWAP_MIN_OFFLOAD_BYTES` | `64KiB` | a size such as 8GiB, 512MiB or 1073741824 | ",
       "| `VRAMSWAP_HORIZON` | `4` | an integer of at most 1024 | ",
       "| `VRAMSWAP_PLAN` | `auto` | one of auto, off | ",
