@@ -13,6 +13,7 @@
 
 #include "config/units.h"
 #include "cuda/device.h"
+#include "cuda/error.h"
 
 namespace vramswap::residency {
 namespace {
@@ -82,14 +83,11 @@ std::string DiskTier::start_cufile(const DiskTierOptions& options) {
   } catch (const std::exception& e) {
     return std::string("cannot create the disk tier's streams: ") + e.what();
   }
-  for (cuda::Stream* s : {&write_stream_, &read_stream_}) {
-    if (const cuda::CuFileError e = cufile_->stream_register(reinterpret_cast<CUstream>(s->get()), cuda::kCuFileStreamFixed);
-        e.err != 0) {
-      if (s == &read_stream_) cufile_->stream_deregister(reinterpret_cast<CUstream>(write_stream_.get()));
-      *s = cuda::Stream();
-      if (s == &read_stream_) write_stream_ = cuda::Stream();
+  for (const cuda::Stream* s : {&write_stream_, &read_stream_}) {
+    const CUstream stream = reinterpret_cast<CUstream>(s->get());
+    if (const cuda::CuFileError e = cufile_->stream_register(stream, cuda::kCuFileStreamFixed); e.err != 0)
       return "cuFileStreamRegister failed: " + cuda::cufile_error_text(e);
-    }
+    registered_.push_back(stream);
   }
   return "";
 }
@@ -103,11 +101,9 @@ DiskTier::~DiskTier() {
   for (std::thread& t : threads_) t.join();
   if (cufile_) {
     // Every job's result field must outlive its transfer.
-    for (cuda::Stream* s : {&write_stream_, &read_stream_}) {
-      if (!*s) continue;
-      cuda::synchronize_stream(s->get());
-      cufile_->stream_deregister(reinterpret_cast<CUstream>(s->get()));
-    }
+    for (const cuda::Stream* s : {&write_stream_, &read_stream_})
+      if (*s) cuda::synchronize_stream(s->get());
+    for (CUstream stream : registered_) cufile_->stream_deregister(stream);
     cufile_->handle_deregister(handle_);
   }
   ::close(fd_);
@@ -223,9 +219,16 @@ DiskTier::JobRef DiskTier::queue_on_stream(bool write, uint64_t offset, void* bu
     });
     return job;
   }
-  cuda::ContextScope scope(device_);
-  job->event = cuda::Event::create();
-  job->event.record(stream);
+  try {
+    cuda::ContextScope scope(device_);
+    job->event = cuda::Event::create();
+    job->event.record(stream);
+  } catch (const cuda::CudaError&) {
+    // No event to ask: the transfer is waited for now, and the job has its outcome.
+    job->event = cuda::Event();
+    cuda::synchronize_stream(stream);
+    finish(*job);
+  }
   return job;
 }
 

@@ -171,6 +171,7 @@ class DiskTier {
   const cuda::CuFileApi* cufile_ = nullptr;
   cuda::CuFileHandle handle_ = nullptr;
   cuda::Stream write_stream_, read_stream_;
+  std::vector<CUstream> registered_;  // the streams cuFileStreamRegister took
   std::vector<JobRef> in_flight_;  // guarded by queue_mu_
 
   std::atomic<uint64_t> bytes_written_{0}, bytes_read_{0}, failed_{0};
