@@ -78,8 +78,8 @@ CUDASIM_MARK = b"cudasim"
 
 
 def real_library_dirs() -> list[str]:
-    """The directories of NVIDIA's libcuda.so.1 (the loader's cache) and libcudart.so.13 (the
-    toolkit, or the runtime wheel torch uses), in that order, those found."""
+    """The directories of NVIDIA's libcuda.so.1 (the loader's cache), libcudart.so.13 and
+    libcufile.so.0 (the toolkit, or the wheels torch uses), in that order, those found."""
     dirs: list[str] = []
     try:
         cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=False).stdout
@@ -96,28 +96,20 @@ def real_library_dirs() -> list[str]:
             if os.path.exists(os.path.join(d, "libcuda.so.1")) and not is_cudasim(os.path.join(d, "libcuda.so.1")):
                 dirs.append(d)
                 break
+    # The runtime (libcudart.so.13) and cuFile (libcufile.so.0, the disk tier's
+    # VRAMSWAP_DISK_IO=cufile): the toolkit's, or those of the wheels torch's CUDA builds
+    # depend on (nvidia/cu13/lib, nvidia/cuda_runtime/lib, nvidia/cufile/lib, ...).
     candidates = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "lib64"),
                   "/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"]
     try:
-        import nvidia  # the wheels torch's CUDA builds depend on
-        for base in nvidia.__path__:
-            candidates += glob.glob(os.path.join(base, "cu13", "lib")) + glob.glob(os.path.join(base, "cuda_runtime", "lib"))
-    except ImportError:
-        pass
-    for d in candidates:
-        if os.path.exists(os.path.join(d, "libcudart.so.13")):
-            dirs.append(d)
-            break
-    # libcufile.so.0 (the disk tier's VRAMSWAP_DISK_IO=cufile): the toolkit's, or a wheel's.
-    try:
         import nvidia
-        candidates += [d for base in nvidia.__path__ for d in glob.glob(os.path.join(base, "*", "lib"))]
+        candidates += [d for base in nvidia.__path__ for d in sorted(glob.glob(os.path.join(base, "*", "lib")))]
     except ImportError:
         pass
-    for d in candidates:
-        if os.path.exists(os.path.join(d, "libcufile.so.0")):
-            dirs.append(d)
-            break
+    for name in ("libcudart.so.13", "libcufile.so.0"):
+        found = next((d for d in candidates if os.path.exists(os.path.join(d, name))), None)
+        if found:
+            dirs.append(found)
     return list(dict.fromkeys(dirs))
 
 
