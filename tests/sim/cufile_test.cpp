@@ -43,6 +43,7 @@ namespace {
 using cudasim_test::DeviceBuffer;
 using cudasim_test::kMiB;
 using cudasim_test::only;
+using cudasim_test::pattern;
 using cudasim_test::PinnedBuffer;
 using cudasim_test::Stream;
 using cudasim_test::timeline;
@@ -61,12 +62,6 @@ CUfileError_t fails(CUfileOpError err, CUresult cu_err = CUDA_SUCCESS) { return 
 #define EXPECT_CUFILE_OK(call) EXPECT_EQ(ok(), (call)) << "in " #call
 
 CUstream cu(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
-
-std::vector<unsigned char> pattern(size_t n, unsigned seed) {
-  std::vector<unsigned char> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 131 + seed) % 251);
-  return v;
-}
 
 bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);

@@ -16,6 +16,7 @@ namespace {
 using cudasim_test::counters;
 using cudasim_test::DeviceBuffer;
 using cudasim_test::kMiB;
+using cudasim_test::pattern;
 using cudasim_test::PinnedBuffer;
 using cudasim_test::Stream;
 using cudasim_test::StreamGate;
@@ -31,12 +32,6 @@ cudasim_counters synced_counters() {
 void reset_counters_synced() {
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
   ASSERT_EQ(0, cudasim_reset_counters(0));
-}
-
-std::vector<unsigned char> pattern(size_t size, unsigned seed) {
-  std::vector<unsigned char> v(size);
-  for (size_t i = 0; i < size; ++i) v[i] = static_cast<unsigned char>(i * 131 + seed);
-  return v;
 }
 
 class Memory : public ::testing::Test {

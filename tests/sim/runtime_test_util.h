@@ -21,6 +21,7 @@
 #include <mutex>
 #include <ostream>
 #include <thread>
+#include <vector>
 
 #include "common/cuda_test_util.h"
 #include "driver_test_util.h"
@@ -40,6 +41,14 @@ inline cudaError_t wait_for_stream(cudaStream_t stream, std::chrono::millisecond
 }
 inline cudaError_t wait_for_event(cudaEvent_t event, std::chrono::milliseconds timeout = kHangTimeout) {
   return cuda_test::wait_for_event(event, timeout);
+}
+
+// `n` bytes that differ with `seed`, and, repeating every 251 bytes, at any two offsets
+// that are not 251 apart: data a copy or a file transfer moved to the wrong place fails.
+inline std::vector<unsigned char> pattern(size_t n, unsigned seed) {
+  std::vector<unsigned char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 131 + seed) % 251);
+  return v;
 }
 
 // Device memory from cudaMalloc, freed (after a device synchronization) on destruction.
