@@ -161,11 +161,10 @@ void StepRecorder::plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns,
     const size_t until = plan_.fetch_at[b] == kNoPoint ? n : std::min<size_t>(plan_.fetch_at[b] + 1, n);
     delta[until] -= int64_t(sb.bytes);
   }
-  std::vector<uint64_t> out(n + 1, 0);
-  int64_t level = 0;
-  for (size_t p = 0; p < n; ++p) out[p] = uint64_t(level += delta[p]);
   out_ahead_.assign(n + 1, 0);
-  for (size_t p = n; p-- > 0;) out_ahead_[p] = std::max(out[p], out_ahead_[p + 1]);
+  int64_t level = 0;
+  for (size_t p = 0; p < n; ++p) out_ahead_[p] = uint64_t(level += delta[p]);
+  for (size_t p = n; p-- > 0;) out_ahead_[p] = std::max(out_ahead_[p], out_ahead_[p + 1]);
 }
 
 // Note [Late fetches] in step_recorder.h.

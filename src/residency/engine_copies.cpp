@@ -113,9 +113,8 @@ void* Engine::Impl::host_allocate(uint64_t bytes, uint32_t except, std::string* 
     host = host_.allocate(bytes, error);
   }
   if (host == nullptr && needed) {
-    // Note [Pinned memory for a block needed now]: the copies in flight and the buffers
-    // freed behind them give pinned memory back as they land, sooner than a write to the
-    // disk would: wait for them first.
+    // Needed now: the copies in flight and the buffers freed behind them give pinned memory
+    // back as they land, sooner than a write to the disk would. Wait for them first.
     complete_copies(true);
     error->clear();
     host = host_.allocate(bytes, error);
@@ -284,7 +283,13 @@ void Engine::Impl::finish_read(uint32_t slot, bool wait) {
 void Engine::Impl::write_ahead() {
   if (!disk_) return;
   const uint64_t limit = host_.limit_bytes();
-  const policy::Window window = policy::window_of(order_, options_.horizon);
+  // The prefetch window, made only once a write is wanted (this runs after every tagged
+  // allocation and cold mark, and most calls return before).
+  std::optional<policy::Window> window;
+  auto in_window = [&](uint32_t slot) {
+    if (!window) window = policy::window_of(order_, options_.horizon);
+    return window->count(slot) > 0;
+  };
   uint64_t to_write = 0;  // bytes to start writing now
   if (recorder_.following()) {
     // Following a plan: the disk must hold what the plan has out beyond the pinned tier at
@@ -302,7 +307,7 @@ void Engine::Impl::write_ahead() {
     // far as a quarter of the tier (the walk stops there: it runs after allocations).
     uint64_t evictable = 0;
     order_.each_furthest_first([&](uint32_t slot) {
-      if (policy::evictable(view(slot), window.count(slot))) evictable += slots_[slot].requested;
+      if (policy::evictable(view(slot), in_window(slot))) evictable += slots_[slot].requested;
       return evictable < limit / 4;
     });
     const uint64_t wanted = std::min(evictable, limit / 4);
@@ -315,7 +320,7 @@ void Engine::Impl::write_ahead() {
     if (planned >= to_write) return false;
     const Slot& s = slots_[slot];
     if (!s.live || s.residency != Residency::kEvicted || s.on_disk() || s.writing || s.fetch_pending ||
-        window.count(slot))
+        in_window(slot))
       return true;
     victims.push_back(slot);
     planned += s.requested;
