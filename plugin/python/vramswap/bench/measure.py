@@ -14,7 +14,11 @@ Note [What is measured]
                       (meta["carried_in"], snapshot.py's Note [Carried-in tensors]) are the
                       base, live_base_bytes, subtracted from both. For generated workloads
                       the base is 0 and these are Workload.live_bytes().
-  bytes_d2h/_h2d      cudasim's copy counters
+  bytes_d2h/_h2d      the copies the step queued (its timeline)
+  bytes_disk_read/    a run with a disk tier: the disk tier's reads and writes the step
+  bytes_disk_write    queued (timeline kinds 6 and 7, cudasim's disk engine), beside
+                      disk_bytes_written_ahead / disk_bytes_read_ahead (the engine's counts
+                      of those made ahead of need or use), host_limit_bytes and disk_gbps
   step_time_ns        virtual time, cudasim_now_ns() after the compute stream is synchronized
                       at the step's end minus at its start (Note [Warm-up steps]): copies the
                       step started for the next one may still run
@@ -174,6 +178,14 @@ def _bound(workload, cache, limit, pcie, duplex, first_op):
     return cache[key]
 
 
+def _disk_traffic(workload, cache, limit, host, first_op):
+    from . import bound
+    key = ("disk", limit, host, first_op)
+    if key not in cache:
+        cache[key] = bound.disk_traffic(workload, limit, host, first_op=first_op)
+    return cache[key]
+
+
 def _ratio(a, b):
     return round(a / b, 4) if a is not None and b else None
 
@@ -193,11 +205,8 @@ def add_bound(result, workload, cache=None):
         """b's bound, raised to the disk's floor for a run with a disk tier; and the floor."""
         if not result.get("disk_gbps") or b.bound_ns is None:
             return b.bound_ns, None
-        from . import bound
-        key = ("disk", limit, int(result["host_limit_bytes"]), first_op)
-        if key not in cache:
-            cache[key] = bound.disk_traffic(workload, limit, result["host_limit_bytes"], first_op=first_op)
-        floor = math.ceil(cache[key] / float(result["disk_gbps"]))
+        traffic = _disk_traffic(workload, cache, limit, int(result["host_limit_bytes"]), first_op)
+        floor = math.ceil(traffic / float(result["disk_gbps"]))
         return max(b.bound_ns, floor), floor
 
     bound_ns, disk_floor = with_disk(b, start or 0)
