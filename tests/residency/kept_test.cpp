@@ -207,8 +207,15 @@ TEST_F(Kept, StateColdAsAStepBeginsIsThePlansVictimAndLeavesAsTheStepBegins) {
     engine_->graph_begin();
     const EngineStats begun = stats();
     if (step > 1) {
-      EXPECT_EQ(kBlock, begun.in_flight_bytes + begun.clean_bytes + begun.evicted_bytes)
-          << "the planned victim's copy starts as the step begins";
+      // Where the step before used a state block while its planned fetch was in flight on
+      // the device (Note [Late fetches]: the host runs ahead of the copies in real time, on
+      // cudasim as on a GPU), that fetch is moved earlier on trial and the plan takes the
+      // other block as its victim: the first, copied out again at its last use as the plan
+      // it followed then said, is still clean as the step begins.
+      const uint64_t out = begun.in_flight_bytes + begun.clean_bytes + begun.evicted_bytes;
+      EXPECT_GE(out, kBlock) << "the planned victim's copy starts as the step begins";
+      EXPECT_LE(out, (begun.num_plan_fetch_moves > 0 ? 2 : 1) * kBlock)
+          << "the plan's victim only, and the block a moved fetch made it replace";
     }
     Saved acts = save_cold(3, uint8_t(80 + step));
     const uint64_t faults = stats().num_faults;
