@@ -129,6 +129,11 @@ TEST_F(PlanTest, APlannedVictimInThePrefetchWindowIsGivenUpWhenItsMemoryIsNeeded
 // evictable blocks together started the eviction of block 0, needed later, and waited for its
 // copy (at gpt-small's junction at 90%, a 384 MiB block copied out for 20 MiB of the plan's
 // small victims already copied out).
+// The plan takes block 1 only where its copy can land by the junction at the copy rate
+// measured in the first step. In virtual time (CTest runs the case there too) it always can;
+// in real time a copy worker descheduled on a loaded machine made the one copy timed look 50
+// times slower, and the plan took block 0 (correctly, for that rate): then the allocation
+// gives up block 0 and nothing else leaves, which the case checks whichever the plan chose.
 TEST_F(PlanTest, AnAllocationThatMustWaitGivesUpThePlansVictimsFirst) {
   start(34 * kMiB);
   step(6, 10, /*odd=*/0, /*odd_size=*/2 * kBlock);  // 2 MiB must leave at the junction
@@ -142,10 +147,15 @@ TEST_F(PlanTest, AnAllocationThatMustWaitGivesUpThePlansVictimsFirst) {
     saved.handles.push_back(pack_cold(saved.blocks.back()));
   }
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());  // the planned copy has landed
-  ASSERT_EQ(kBlock, stats().clean_bytes) << "the plan's victim, block 1, is copied out and still mapped";
+  const uint64_t planned = stats().clean_bytes;     // the plan's victim, copied out and still mapped
+  if (virtual_time()) {
+    ASSERT_EQ(kBlock, planned) << "the plan's victim, block 1, is copied out and still mapped";
+  } else {
+    ASSERT_TRUE(planned == kBlock || planned == 2 * kBlock) << planned << " bytes clean: one victim, block 1 or 0";
+  }
   const uint64_t freed = engine_->reclaim(kBlock, DevicePool::ReclaimMode::kFull);
-  EXPECT_EQ(kBlock, freed);
-  EXPECT_EQ(kBlock, stats().bytes_evicted_total - before.bytes_evicted_total) << "nothing beyond the plan left";
+  EXPECT_EQ(planned, freed) << "the plan's victim is given up";
+  EXPECT_EQ(planned, stats().bytes_evicted_total - before.bytes_evicted_total) << "nothing beyond the plan left";
   for (int i = 5; i >= 0; --i) use_and_free(saved, i, 40, i == 0 ? 2 * kBlock : kBlock);
   EXPECT_EQ("", engine_->check_invariants());
 }
