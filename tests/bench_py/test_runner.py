@@ -152,6 +152,21 @@ def main():
         theirs = offload_all["bytes_d2h"] + offload_all["bytes_h2d"]
         check(f"limit 50% (default settings): >= 1.5x less PCIe traffic than offload_all ({theirs / max(ours, 1):.2f}x)",
               ours > 0 and 1.5 * ours <= theirs, f"vramswap {ours} B, offload_all {theirs} B")
+    if r_half["status"] == "ok":
+        # Placing for eviction, a tagged block of half a granule or more takes whole granules,
+        # a smaller one 512-byte units: the measured step's peak of that rounding is at most
+        # the rounding of every tensor the forward allocates (the runner tags them all), and
+        # more than 0 where one is not a whole number of granules.
+        granule = 2 << 20
+        phase, rounding = None, 0
+        for op in w.ops:
+            if op[0] == "phase":
+                phase = op[1]
+            elif op[0] == "alloc" and phase == "forward":
+                rounding += (-op[2] % granule) if op[2] >= granule // 2 else (-op[2] % 512)
+        waste = r_half["peak_tagged_waste_bytes"]
+        check(f"limit 50%: the step's peak of tagged rounding is reported (0 < {waste} <= {rounding})",
+              0 < waste <= rounding, f"{waste} B, the forward's allocations' rounding {rounding} B")
     check("the same run twice gives the same numbers", numbers(r_half) == numbers(r_half2),
           ", ".join(f"{k}: {r_half.get(k)} vs {r_half2.get(k)}" for k in r_half
                     if k not in ("wall_s", "stderr_tail", "timeline", "series") and r_half.get(k) != r_half2.get(k)))

@@ -426,6 +426,10 @@ class _Interpreter:
             "warmup_steps": self.warmup_steps,
             "error_step": getattr(self, "error_step", None),
             "tagged_waste_bytes": stats.get("tagged_waste_bytes", 0),
+            # The most bytes tagged blocks held beyond their sizes in the measured step (their
+            # rounding to whole granules while placing for eviction): memory the bound does
+            # not count, which the plan must move out instead (DESIGN.md, after Note [Disk time]).
+            "peak_tagged_waste_bytes": stats.get("peak_tagged_waste_bytes", 0),
             "peak_host_bytes": self.pol.peak_host_bytes(stats),
             "packs": self.counts["packs"],
             "untagged_saves": self.counts["untagged_saves"],
