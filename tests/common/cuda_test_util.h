@@ -10,9 +10,11 @@
 #define VRAMSWAP_TESTS_COMMON_CUDA_TEST_UTIL_H
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <condition_variable>
 #include <cstring>
 #include <memory>
@@ -195,6 +197,21 @@ class GateTimer {
   bool fired_ = false;
   std::thread thread_;
 };
+
+// cudasim's clock, found at run time (the toolkit's libraries a test may link lack it):
+// whether the host runs on cudasim's virtual clock (CUDASIM_TIME=virtual), and that clock's
+// reading in ns (0 on real time or off cudasim). A test whose outcome follows a measured time
+// asserts exact choices only in virtual time (DESIGN, cudasim).
+inline bool virtual_time() {
+  using Fn = int (*)();
+  static const auto is = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "cudasim_virtual_time"));
+  return is && is() != 0;
+}
+inline uint64_t virtual_now_ns() {
+  using Fn = uint64_t (*)();
+  static const auto now = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "cudasim_now_ns"));
+  return now ? now() : 0;
+}
 
 }  // namespace cuda_test
 

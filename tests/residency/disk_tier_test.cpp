@@ -4,7 +4,6 @@
 #include "residency/disk_tier.h"
 
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <sys/resource.h>
 
 #include <gtest/gtest.h>
@@ -18,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cuda_test_util.h"
 #include "temp_dir.h"
 
 namespace vramswap::residency {
@@ -252,17 +252,8 @@ TEST_P(DiskTierIo, ThreadsReservingWritingAndReadingAtOnce) {
 
 INSTANTIATE_TEST_SUITE_P(Io, DiskTierIo, ::testing::Values(DiskIo::kThreads, DiskIo::kCuFile), io_name);
 
-// cudasim's functions, found at run time (the toolkit's libraries the test links lack them).
-uint64_t virtual_now_ns() {
-  using Fn = uint64_t (*)();
-  static const auto now = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "cudasim_now_ns"));
-  return now ? now() : 0;
-}
-bool virtual_time() {
-  using Fn = int (*)();
-  static const auto is = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "cudasim_virtual_time"));
-  return is && is() != 0;
-}
+using cuda_test::virtual_now_ns;
+using cuda_test::virtual_time;
 
 // Note [Disk time]: with cuFile, the tier's I/O is stream work that cudasim times on its
 // disk engine (CUDASIM_DISK_GBPS=6 here: 6 bytes a ns). A job is not done before the host

@@ -7,7 +7,6 @@
 #define VRAMSWAP_TESTS_RESIDENCY_ENGINE_TEST_UTIL_H
 
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -30,14 +29,10 @@ using vramswap::residency::EngineStats;
 constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kBlock = 4 * kMiB;  // two granules
 
-// Whether the driver is cudasim in virtual time (CUDASIM_TIME=virtual), where every time the
-// engine measures is the same run after run; in real time a copy's events also time its
-// worker's scheduling, on a loaded machine tens of milliseconds.
-inline bool virtual_time() {
-  using Fn = int (*)();
-  static const auto is = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "cudasim_virtual_time"));
-  return is && is() != 0;
-}
+// Whether the driver is cudasim in virtual time, where every time the engine measures is
+// the same run after run; in real time a copy's events also time its worker's scheduling, on
+// a loaded machine tens of milliseconds.
+using cuda_test::virtual_time;
 
 class EngineFixture : public ::testing::Test {
  protected:

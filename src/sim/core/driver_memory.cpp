@@ -65,7 +65,9 @@ void fault_unless_granted(int device, const void* p, uint64_t n, bool write, con
 }
 
 // Maps anonymous host-accessible memory for a device block or a pinned host buffer;
-// `resident`: with every page in memory at once (MAP_POPULATE).
+// `resident`: with every page in memory at once (MAP_POPULATE: a fresh mapping is made
+// resident here on any kernel, where make_resident's fallback for kernels without
+// MADV_POPULATE_WRITE, reading every page, would map only the shared zero page).
 void* map_anonymous(uint64_t bytes, bool resident = false) {
   void* p = ::mmap(nullptr, round_up(std::max<uint64_t>(bytes, 1), kPage), PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | (resident ? MAP_POPULATE : 0), -1, 0);
