@@ -157,7 +157,7 @@ def main():
         # a smaller one 512-byte units: the measured step's peak of that rounding is at most
         # the rounding of every tensor the forward allocates (the runner tags them all), and
         # more than 0 where one is not a whole number of granules.
-        granule = 2 << 20
+        granule = scenarios.GRANULE
         phase, rounding = None, 0
         for op in w.ops:
             if op[0] == "phase":
