@@ -197,7 +197,9 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * host_vmm_mapped_bytes, host_vmm_unmapped_bytes, host_vmm_created_bytes,
  * host_vmm_released_bytes (what the VMM calls did: bytes given pages by cuMemMap, taken
  * them by cuMemUnmap, bytes of pages created by cuMemCreate and released by cuMemRelease),
- * all process-wide, then "devices": an array with one object per
+ * host_vmm_map_calls, host_vmm_unmap_calls, host_vmm_create_calls, host_vmm_release_calls
+ * (the calls that did it, a map being a cuMemMap with its cuMemSetAccess: on a GPU each
+ * costs the same whether it covers one 2 MiB granule or hundreds), all process-wide, then "devices": an array with one object per
  * device that has a pool ({"device": ordinal, the same 43 keys, num_free_blocks,
  * va_reserved_bytes}). Thread-safe; a reading taken during allocations on other threads
  * is consistent per device, not across devices. */

@@ -9,6 +9,7 @@ namespace {
 
 std::atomic<uint64_t> g_sums[3];
 std::atomic<uint64_t> g_vmm_bytes[4];
+std::atomic<uint64_t> g_vmm_calls[4];
 
 uint64_t now_ns() {
   return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -27,11 +28,16 @@ HostTimes host_times() {
   t.vmm_mapped_bytes = g_vmm_bytes[int(VmmCall::kMap)].load(std::memory_order_relaxed);
   t.vmm_unmapped_bytes = g_vmm_bytes[int(VmmCall::kUnmap)].load(std::memory_order_relaxed);
   t.vmm_released_bytes = g_vmm_bytes[int(VmmCall::kRelease)].load(std::memory_order_relaxed);
+  t.vmm_create_calls = g_vmm_calls[int(VmmCall::kCreate)].load(std::memory_order_relaxed);
+  t.vmm_map_calls = g_vmm_calls[int(VmmCall::kMap)].load(std::memory_order_relaxed);
+  t.vmm_unmap_calls = g_vmm_calls[int(VmmCall::kUnmap)].load(std::memory_order_relaxed);
+  t.vmm_release_calls = g_vmm_calls[int(VmmCall::kRelease)].load(std::memory_order_relaxed);
   return t;
 }
 
 void count_vmm_bytes(VmmCall call, uint64_t bytes) {
   g_vmm_bytes[int(call)].fetch_add(bytes, std::memory_order_relaxed);
+  g_vmm_calls[int(call)].fetch_add(1, std::memory_order_relaxed);
 }
 
 TimedCall::TimedCall(HostTime what) : what_(what), start_ns_(now_ns()) {}

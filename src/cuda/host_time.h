@@ -8,9 +8,10 @@
 // granule its pages and access costs ~40-60 us and taking them away ~25-45 us, on the
 // calling thread, and pinning costs ~0.6 ms per MiB. They are reported in the statistics
 // (host_wait_ns, host_vmm_ns, host_pin_ns), so that a slow step can be read, with what the
-// VMM time bought in bytes (pages created, mapped, unmapped, released): the time over the
-// bytes says what each granule cost, the bytes over a step's evictions how much of the
-// remapping the evictions needed.
+// VMM time bought in bytes (pages created, mapped, unmapped, released) and in calls: the
+// bytes over a step's evictions say how much of the remapping the evictions needed, and the
+// calls what it costs on a GPU, where a call costs the same whether it covers one granule or
+// hundreds (Note [Runs] in pool/granules.cpp).
 //
 // Thread-safe: relaxed atomic sums; a reading is a snapshot of each.
 #pragma once
@@ -29,6 +30,11 @@ struct HostTimes {
   uint64_t vmm_mapped_bytes = 0;    // cuMemMap (with its cuMemSetAccess)
   uint64_t vmm_unmapped_bytes = 0;  // cuMemUnmap
   uint64_t vmm_released_bytes = 0;  // cuMemRelease
+  // The calls that did it: a map is a cuMemMap with its cuMemSetAccess.
+  uint64_t vmm_create_calls = 0;
+  uint64_t vmm_map_calls = 0;
+  uint64_t vmm_unmap_calls = 0;
+  uint64_t vmm_release_calls = 0;
 };
 
 enum class VmmCall { kCreate, kMap, kUnmap, kRelease };
@@ -36,7 +42,7 @@ enum class VmmCall { kCreate, kMap, kUnmap, kRelease };
 // The sums so far.
 HostTimes host_times();
 
-// Adds `bytes` to what `call` has done (called once the call succeeded).
+// Counts one `call` of `bytes` (called once the call succeeded).
 void count_vmm_bytes(VmmCall call, uint64_t bytes);
 
 // Adds the time from its construction to its destruction to one of the sums.

@@ -301,9 +301,10 @@ class Engine::Impl : private policy::ReactiveEngine {
   // Brings a block on the disk tier back into pinned memory (an evicted block again),
   // waiting: for its read ahead when one is under way, else for a read started now.
   Status unspill(uint32_t slot);
-  // Starts reading a block on the disk tier back into pinned memory without waiting (Note
-  // [Reading ahead from the disk]). False with *error set when there is no pinned memory.
-  bool start_read(uint32_t slot, std::string* error);
+  // Starts reading a block on the disk tier back into `host`, a pinned buffer of its size,
+  // without waiting (Note [Reading ahead from the disk]); the block owns the buffer from
+  // then on.
+  void start_read(uint32_t slot, void* host);
   // A read ahead finished (waiting for it with `wait`): the block is an evicted block with
   // its host copy, or, when the read failed, on the disk as before.
   void finish_read(uint32_t slot, bool wait);

@@ -93,6 +93,10 @@ std::string stats_document(const std::vector<DeviceStats>& devices, uint64_t num
   json.field("host_vmm_unmapped_bytes", host_times.vmm_unmapped_bytes);
   json.field("host_vmm_created_bytes", host_times.vmm_created_bytes);
   json.field("host_vmm_released_bytes", host_times.vmm_released_bytes);
+  json.field("host_vmm_map_calls", host_times.vmm_map_calls);
+  json.field("host_vmm_unmap_calls", host_times.vmm_unmap_calls);
+  json.field("host_vmm_create_calls", host_times.vmm_create_calls);
+  json.field("host_vmm_release_calls", host_times.vmm_release_calls);
   json.begin_array("devices");
   for (const DeviceStats& d : devices) {
     json.begin_object().field("device", d.device);

@@ -187,6 +187,23 @@ def main():
           and w_half["peak_device_bytes"] <= half,
           f"status {w_half['status']}, evictions {w_half['num_evictions']} (one step: {r_half['num_evictions']})")
 
+    # The VMM calls a step made (measure.py's vmm_calls): every call covers at least one
+    # granule; the first step maps every page the step uses, the measured one only what it
+    # remaps, so fewer; above the peak nothing is taken away.
+    def vmm_ok(r):
+        c = r.get("vmm_calls") or {}
+        return set(c) == {"create", "map", "unmap", "release"} and \
+            c["map"] * scenarios.GRANULE <= r["vmm_mapped_bytes"]
+    first = w_half.get("first_step") or {}
+    check("the VMM calls are counted per step, each covering a granule or more",
+          vmm_ok(r_above) and vmm_ok(w_half) and vmm_ok(first) and r_above["vmm_calls"]["map"] > 0,
+          f"above the peak {r_above.get('vmm_calls')} ({r_above.get('vmm_mapped_bytes')} B), 50% "
+          f"{w_half.get('vmm_calls')} ({w_half.get('vmm_mapped_bytes')} B), first step {first.get('vmm_calls')}")
+    if vmm_ok(r_above) and vmm_ok(w_half) and vmm_ok(first):
+        check("the measured step maps fewer pages than the first, and above the peak none are taken away",
+              w_half["vmm_calls"]["map"] < first["vmm_calls"]["map"] and r_above["vmm_calls"]["unmap"] == 0,
+              f"50%: measured {w_half['vmm_calls']}, first {first['vmm_calls']}; above: {r_above['vmm_calls']}")
+
     # Out of memory under no offload on a card smaller than the peak: a result, not a crash.
     small = max(64 << 20, scenarios._granules(peak * 0.6))
     oom = runner.run(w, "none", small, PCIE)

@@ -108,9 +108,10 @@ VRAMSWAP_COUNTERS = ("num_evictions", "num_prefetches", "num_faults", "num_late_
                      "num_planned_steps", "num_plan_divergences", "num_plan_backoffs", "planned_bytes_d2h",
                      # where the host's time went (process-wide): waiting for the device, VMM calls, pinning
                      "host_wait_ns", "host_vmm_ns", "host_pin_ns",
-                     # what the VMM calls did, in bytes
+                     # what the VMM calls did, in bytes and in calls (a call costs the same for any size)
                      "host_vmm_mapped_bytes", "host_vmm_unmapped_bytes", "host_vmm_created_bytes",
-                     "host_vmm_released_bytes")
+                     "host_vmm_released_bytes", "host_vmm_map_calls", "host_vmm_unmap_calls",
+                     "host_vmm_create_calls", "host_vmm_release_calls")
 PASSED_ENV = ("VRAMSWAP_LIBRARY", "VRAMSWAP_CUDASIM_DIR", "VRAMSWAP_CACHE_DIR",
               "VRAMSWAP_TORCH_EXT", "VRAMSWAP_TORCH_EXT_CUDA", "VRAMSWAP_LOG")
 DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")  # the two settings cuBLAS documents as deterministic

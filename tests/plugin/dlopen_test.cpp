@@ -461,7 +461,8 @@ std::vector<std::string> json_total_keys(const std::string& json) {
 bool is_process_wide(std::string_view key) {
   return key == "num_invalid_frees" || key == "host_wait_ns" || key == "host_vmm_ns" || key == "host_pin_ns" ||
          key == "host_vmm_mapped_bytes" || key == "host_vmm_unmapped_bytes" || key == "host_vmm_created_bytes" ||
-         key == "host_vmm_released_bytes";
+         key == "host_vmm_released_bytes" || key == "host_vmm_map_calls" || key == "host_vmm_unmap_calls" ||
+         key == "host_vmm_create_calls" || key == "host_vmm_release_calls";
 }
 
 // vramswap.h's list of the statistics keys is the document's, in its order: a counter added
@@ -920,7 +921,11 @@ TEST_F(Plugin, StatsJsonHasTheEngineKeysInTotalsAndPerDevice) {
                         "host_vmm_mapped_bytes",
                         "host_vmm_unmapped_bytes",
                         "host_vmm_created_bytes",
-                        "host_vmm_released_bytes"};
+                        "host_vmm_released_bytes",
+                        "host_vmm_map_calls",
+                        "host_vmm_unmap_calls",
+                        "host_vmm_create_calls",
+                        "host_vmm_release_calls"};
   const size_t devices = json.find("\"devices\":[");
   ASSERT_NE(devices, std::string::npos) << json;
   const std::string device0 = json.substr(devices);
@@ -1157,11 +1162,13 @@ TEST_F(PluginOffload, HostTimeInLongCudaCallsIsCounted) {
   expect_nothing_tagged_left();
 }
 
-// What the VMM time bought, in bytes: a forward of twice the limit gives pages to at least
-// the limit's worth of addresses (cuMemMap), creates pages (cuMemCreate) and takes pages
-// away from the evicted blocks' addresses (cuMemUnmap); what was created and not released
-// (cuMemRelease: spare pages of a run's size that a run of another size needed room for) is
-// the pool's reserved memory. Every figure is a whole number of 2 MiB granules.
+// What the VMM time bought, in bytes and calls: a forward of twice the limit gives pages to
+// at least the limit's worth of addresses (cuMemMap), creates pages (cuMemCreate) and takes
+// pages away from the evicted blocks' addresses (cuMemUnmap); what was created and not
+// released (cuMemRelease: spare pages of a run's size that a run of another size needed room
+// for) is the pool's reserved memory. Every byte figure is a whole number of 2 MiB granules,
+// and each call covers at least one (a run covers several: Note [Runs]); on a GPU the calls,
+// not the bytes, are what costs host time.
 TEST_F(PluginOffload, BytesGivenAndTakenPagesAreCounted) {
   const std::string before = stats();
   const size_t n = 2 * limit_ / kBlock;
@@ -1182,6 +1189,23 @@ TEST_F(PluginOffload, BytesGivenAndTakenPagesAreCounted) {
   EXPECT_GT(created, released) << after;
   EXPECT_EQ(created - released, grew("reserved_bytes")) << after;
   EXPECT_GT(grew("host_vmm_unmapped_bytes"), 0u) << after;
+  for (const auto& [calls, bytes] : {std::pair{"host_vmm_map_calls", "host_vmm_mapped_bytes"},
+                                     std::pair{"host_vmm_unmap_calls", "host_vmm_unmapped_bytes"},
+                                     std::pair{"host_vmm_create_calls", "host_vmm_created_bytes"},
+                                     std::pair{"host_vmm_release_calls", "host_vmm_released_bytes"}}) {
+    const std::optional<uint64_t> c0 = number(before, calls), c1 = number(after, calls);
+    const std::optional<uint64_t> b0 = number(before, bytes), b1 = number(after, bytes);
+    ASSERT_TRUE(c0 && c1 && b0 && b1) << calls << " in " << after;
+    EXPECT_LE(*c1 - *c0, (*b1 - *b0) / (2u << 20)) << calls << ": a call covers at least one granule: " << after;
+    if (*b1 > *b0) {
+      EXPECT_GT(*c1 - *c0, 0u) << calls << ": bytes moved with no call counted: " << after;
+    }
+  }
+  // The blocks of a forward past the limit are mapped as runs once pages change place: fewer
+  // mappings than granules mapped.
+  EXPECT_LT(*number(after, "host_vmm_map_calls") - *number(before, "host_vmm_map_calls"),
+            grew("host_vmm_mapped_bytes") / (2u << 20))
+      << after;
   ASSERT_NO_FATAL_FAILURE(backward(blocks, handles, patterns));
   expect_nothing_tagged_left();
 }

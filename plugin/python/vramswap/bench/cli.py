@@ -458,6 +458,7 @@ def _json_object(r, facts):
         "num_faults": r["num_faults"], "num_late_prefetches": r["num_late_prefetches"],
         "num_planned_steps": r.get("num_planned_steps", 0), "num_plan_divergences": r.get("num_plan_divergences", 0),
         "planned_bytes_d2h": r.get("planned_bytes_d2h", 0),
+        "vmm_calls": r.get("vmm_calls"), "vmm_mapped_bytes": r.get("vmm_mapped_bytes"),
         "live_base_bytes": r["live_base_bytes"],
         "idle_time_s": (r["step_time_ns"] - r["compute_ns"]) * s if ok else None,
         "warmup": r.get("warmup", 0), "warmup_steps": r.get("warmup_steps", 0),

@@ -422,6 +422,11 @@ class _Interpreter:
             "num_plan_fetch_moves": stats.get("num_plan_fetch_moves", 0),
             "num_plan_fetch_moves_undone": stats.get("num_plan_fetch_moves_undone", 0),
             "planned_bytes_d2h": stats.get("planned_bytes_d2h", 0) - self.stats0.get("planned_bytes_d2h", 0),
+            # The VMM calls the measured step made (each costs the same on a GPU whatever it
+            # covers: CUDASIM_HOST_COSTS=h100 charges them), and the bytes they gave pages to.
+            "vmm_calls": {k: stats.get(f"host_vmm_{k}_calls", 0) - self.stats0.get(f"host_vmm_{k}_calls", 0)
+                          for k in ("create", "map", "unmap", "release")},
+            "vmm_mapped_bytes": stats.get("host_vmm_mapped_bytes", 0) - self.stats0.get("host_vmm_mapped_bytes", 0),
             "warmup": int(self.spec.get("warmup") or 0),
             "warmup_steps": self.warmup_steps,
             "error_step": getattr(self, "error_step", None),

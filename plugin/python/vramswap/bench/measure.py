@@ -58,6 +58,11 @@ Note [What is measured]
                       abandoned, planned steps slower than the reactive policy's, planned
                       fetches moved earlier for landing late and moves undone (totals) and
                       bytes the plans copied out (over the measured step)
+  vmm_calls           the measured step's CUDA VMM calls, {create, map, unmap, release}
+                      (a map: cuMemMap with its cuMemSetAccess), and vmm_mapped_bytes, the
+                      bytes they gave pages to. On a GPU each call costs tens of us whatever
+                      it covers (cudasim's CUDASIM_HOST_COSTS=h100 charges them): the
+                      remapping a step pays beside its copies
 
 Thread safety: pure functions on values.
 """
@@ -136,7 +141,7 @@ def step_start(ops):
 FIRST_STEP_KEYS = ("status", "step_time_ns", "compute_ns", "stall_ns", "ideal_ns", "bytes_d2h", "bytes_h2d",
                    "peak_device_bytes", "peak_live_bytes", "num_evictions", "num_prefetches", "num_faults",
                    "num_late_prefetches", "num_planned_steps", "num_plan_divergences", "num_plan_backoffs",
-                   "planned_bytes_d2h")
+                   "planned_bytes_d2h", "vmm_calls", "vmm_mapped_bytes")
 
 
 def first_step_figures(result):
