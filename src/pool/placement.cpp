@@ -101,6 +101,13 @@ bool DevicePool::Impl::usable_part(uintptr_t addr, uint64_t size, cudaStream_t s
 // 3.34 to 3.11 (GPT-2 small at 90%: 4.60 to 2.36, ~2,850 granules mapped and unmapped a step
 // to ~2,130); without host costs 1.0361 to 1.0384 at warm-up 2 (no row within 1.05 of the
 // bound left it; VGG-16 at batch 128 and 75% 1.017 -> 1.044) and 1.0384 to 1.0365 at warm-up 1.
+// Measured again with plans and runs (2026-11-28, two warm-ups, 106 rows), the rule applied
+// with blocks away too: VMM calls over all rows' measured steps 412,504 -> 367,822 and the
+// geometric mean 1.0857 -> 1.0853 without host costs; with the H100's, 381,036 -> 376,568
+// calls and 1.6775 -> 1.6504, but rows moved both ways by up to a third (GPT-2 small at 90%
+// 1.371 -> 1.258, GPT-2 small-lora at 90% and horizon 8 1.125 -> 1.482, the AdamW step at
+// 75% without host costs 1.698 -> 1.809): not kept. Most of a step's remapping is not this
+// rule's to save: the places it compares need new pages too (DESIGN.md, Remapping).
 DevicePool::Impl::BlockIt DevicePool::Impl::find_mapped_fit(uint64_t size, cudaStream_t stream, bool offloadable,
                                                             bool aligned, uintptr_t* start, bool strict,
                                                             uint64_t* missing) {
