@@ -199,10 +199,10 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * them by cuMemUnmap, bytes of pages created by cuMemCreate and released by cuMemRelease),
  * host_vmm_map_calls, host_vmm_unmap_calls, host_vmm_create_calls, host_vmm_release_calls
  * (the calls that did it, a map being a cuMemMap with its cuMemSetAccess: on a GPU each
- * costs the same whether it covers one 2 MiB granule or hundreds), all process-wide, then "devices": an array with one object per
- * device that has a pool ({"device": ordinal, the same 43 keys, num_free_blocks,
- * va_reserved_bytes}). Thread-safe; a reading taken during allocations on other threads
- * is consistent per device, not across devices. */
+ * costs the same whether it covers one 2 MiB granule or hundreds), all process-wide,
+ * then "devices": an array with one object per device that has a pool ({"device": ordinal,
+ * the same 43 keys, num_free_blocks, va_reserved_bytes}). Thread-safe; a reading taken
+ * during allocations on other threads is consistent per device, not across devices. */
 size_t vramswap_stats_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;
 
 /* Memory history, as torch.cuda.memory._record_memory_history(max_entries=...): from now on

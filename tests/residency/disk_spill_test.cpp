@@ -173,8 +173,8 @@ TEST_F(DiskSpill, ABlockFreedOrUnpackedWhileItsReadAheadRunsWaitsForIt) {
 // peak a step made 7,339 maps and 7,346 unmaps (each tens of microseconds of host time on a
 // GPU) for 84 evictions.
 TEST_F(DiskSpill, AReadAheadWithNoPinnedRoomMapsNothing) {
-  // Pinned memory for one block and half of another: never a quarter of it free, so nothing
-  // is written ahead, and no room for a second block.
+  // Pinned memory for one block and half of another: with one block in it more than a
+  // quarter stays free, so nothing is written ahead, and there is no room for a second.
   start_with_disk(8 * kMiB, 6 * kMiB, 0);
   Saved saved = save_cold(6, 70);  // 4 and 5 on the device, 3 on the host, 0 to 2 on the disk
   ASSERT_EQ(3 * kBlock, stats().disk_bytes);
