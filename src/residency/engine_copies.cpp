@@ -188,10 +188,11 @@ Status Engine::Impl::unspill(uint32_t slot) {
 // Note [Reading ahead from the disk]
 // ----------------------------------
 // A block on the disk needed now is read back waiting (unspill). One the window, the fetch
-// ahead, a hint or the plan asks for first gets its device pages, as any fetch of that kind
-// would (when it cannot, nothing is read: the window walk stops there, as for a block on
-// the host); then its pinned buffer is allocated (which may send blocks needed later to the
-// disk), a read is queued on the disk tier's threads, and the call returns. The block stays
+// ahead, a hint or the plan asks for first gets a pinned buffer from free pinned memory (see
+// below; none: nothing is mapped or read), then its device pages, as any fetch of that kind
+// would (when it cannot, the buffer goes back and nothing is read: the window walk stops
+// there, as for a block on the host); then a read is queued on the disk tier's I/O, and
+// the call returns. The block stays
 // evicted and on the disk with its pages mapped (Slot::pages_kept), `reading` set, until a
 // later call finds the read done (complete_copies polls, as it does for copies) and starts
 // its copy to the device into those pages. An unpack or a free of it meanwhile waits for
