@@ -35,7 +35,7 @@ HostTimes host_times() {
   return t;
 }
 
-void count_vmm_bytes(VmmCall call, uint64_t bytes) {
+void count_vmm_call(VmmCall call, uint64_t bytes) {
   g_vmm_bytes[int(call)].fetch_add(bytes, std::memory_order_relaxed);
   g_vmm_calls[int(call)].fetch_add(1, std::memory_order_relaxed);
 }

@@ -43,7 +43,7 @@ enum class VmmCall { kCreate, kMap, kUnmap, kRelease };
 HostTimes host_times();
 
 // Counts one `call` of `bytes` (called once the call succeeded).
-void count_vmm_bytes(VmmCall call, uint64_t bytes);
+void count_vmm_call(VmmCall call, uint64_t bytes);
 
 // Adds the time from its construction to its destruction to one of the sums.
 class TimedCall {

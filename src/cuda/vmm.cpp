@@ -38,7 +38,7 @@ PhysicalPages::PhysicalPages(int device, uint64_t size) : size_(size), device_(d
   prop.location.id = device;
   TimedCall timed(HostTime::kVmm);
   VRAMSWAP_CU(cuMemCreate(&handle_, size, &prop, 0));
-  count_vmm_bytes(VmmCall::kCreate, size);
+  count_vmm_call(VmmCall::kCreate, size);
 }
 PhysicalPages::~PhysicalPages() { reset(); }
 PhysicalPages::PhysicalPages(PhysicalPages&& o) noexcept
@@ -56,14 +56,14 @@ void PhysicalPages::release() {
   if (!handle_) return;
   TimedCall timed(HostTime::kVmm);
   VRAMSWAP_CU(cuMemRelease(handle_));
-  count_vmm_bytes(VmmCall::kRelease, size_);
+  count_vmm_call(VmmCall::kRelease, size_);
   handle_ = 0;
   size_ = 0;
 }
 void PhysicalPages::reset() noexcept {
   if (handle_) {
     TimedCall timed(HostTime::kVmm);
-    if (cuMemRelease(handle_) == CUDA_SUCCESS) count_vmm_bytes(VmmCall::kRelease, size_);
+    if (cuMemRelease(handle_) == CUDA_SUCCESS) count_vmm_call(VmmCall::kRelease, size_);
   }
   handle_ = 0;
   size_ = 0;
@@ -102,7 +102,7 @@ Mapping::Mapping(uintptr_t address, const PhysicalPages& pages, uint64_t peers) 
                                   "unmapped again: it stays mapped)",
                        __FILE__, __LINE__);
   }
-  count_vmm_bytes(VmmCall::kMap, pages.size());
+  count_vmm_call(VmmCall::kMap, pages.size());
   address_ = address;
   size_ = pages.size();
 }
@@ -120,7 +120,7 @@ void Mapping::unmap() {
   if (!size_) return;
   TimedCall timed(HostTime::kVmm);
   VRAMSWAP_CU(cuMemUnmap(address_, size_));
-  count_vmm_bytes(VmmCall::kUnmap, size_);
+  count_vmm_call(VmmCall::kUnmap, size_);
   address_ = 0;
   size_ = 0;
 }
@@ -133,7 +133,7 @@ void Mapping::grant(int device) {
 void Mapping::reset() noexcept {
   if (size_) {
     TimedCall timed(HostTime::kVmm);
-    if (cuMemUnmap(address_, size_) == CUDA_SUCCESS) count_vmm_bytes(VmmCall::kUnmap, size_);
+    if (cuMemUnmap(address_, size_) == CUDA_SUCCESS) count_vmm_call(VmmCall::kUnmap, size_);
   }
   address_ = 0;
   size_ = 0;

@@ -370,6 +370,10 @@ class _Interpreter:
         phases = [p for p in phases if p["end_ns"] > p["start_ns"] or p["compute_ns"] or p["bytes_d2h"] or p["bytes_h2d"]]
         devices = stats.get("devices") or [{}]
         dev = devices[0]
+
+        def delta(key):  # a counter's growth over the measured step
+            return stats.get(key, 0) - self.stats0.get(key, 0)
+
         result = {
             "policy": self.policy,
             "label": self.spec.get("label"),
@@ -398,9 +402,8 @@ class _Interpreter:
             "bytes_disk_read": sum(e[2] for e in timeline if e[0] == KIND_DISK_READ),
             "bytes_disk_write": sum(e[2] for e in timeline if e[0] == KIND_DISK_WRITE),
             # The engine's counts of the same (the step's): how much went ahead of need or use.
-            "disk_bytes_written_ahead": stats.get("disk_bytes_written_ahead", 0)
-            - self.stats0.get("disk_bytes_written_ahead", 0),
-            "disk_bytes_read_ahead": stats.get("disk_bytes_read_ahead", 0) - self.stats0.get("disk_bytes_read_ahead", 0),
+            "disk_bytes_written_ahead": delta("disk_bytes_written_ahead"),
+            "disk_bytes_read_ahead": delta("disk_bytes_read_ahead"),
             "host_limit_bytes": self.spec["host_limit_bytes"],
             "disk_gbps": self.spec.get("disk_gbps"),
             "step_time_ns": step_ns,
@@ -408,25 +411,24 @@ class _Interpreter:
             "stall_ns": sum(e[6] for e in kernels),
             "ideal_ns": ideal,
             "phases": phases,
-            "num_evictions": stats.get("num_evictions", 0) - self.stats0.get("num_evictions", 0),
-            "num_prefetches": stats.get("num_prefetches", 0) - self.stats0.get("num_prefetches", 0),
-            "num_faults": stats.get("num_faults", 0) - self.stats0.get("num_faults", 0),
-            "num_late_prefetches": stats.get("num_late_prefetches", 0) - self.stats0.get("num_late_prefetches", 0),
-            "num_clean_reuses": stats.get("num_clean_reuses", 0) - self.stats0.get("num_clean_reuses", 0),
+            "num_evictions": delta("num_evictions"),
+            "num_prefetches": delta("num_prefetches"),
+            "num_faults": delta("num_faults"),
+            "num_late_prefetches": delta("num_late_prefetches"),
+            "num_clean_reuses": delta("num_clean_reuses"),
             # The planned-eviction engine's counters (0 where the engine has none): the number
             # of steps it ran on a plan (a total), and over the measured step the plans it
             # abandoned and the bytes its plans copied out.
             "num_planned_steps": stats.get("num_planned_steps", 0),
-            "num_plan_divergences": stats.get("num_plan_divergences", 0) - self.stats0.get("num_plan_divergences", 0),
+            "num_plan_divergences": delta("num_plan_divergences"),
             "num_plan_backoffs": stats.get("num_plan_backoffs", 0),
             "num_plan_fetch_moves": stats.get("num_plan_fetch_moves", 0),
             "num_plan_fetch_moves_undone": stats.get("num_plan_fetch_moves_undone", 0),
-            "planned_bytes_d2h": stats.get("planned_bytes_d2h", 0) - self.stats0.get("planned_bytes_d2h", 0),
+            "planned_bytes_d2h": delta("planned_bytes_d2h"),
             # The VMM calls the measured step made (each costs the same on a GPU whatever it
             # covers: CUDASIM_HOST_COSTS=h100 charges them), and the bytes they gave pages to.
-            "vmm_calls": {k: stats.get(f"host_vmm_{k}_calls", 0) - self.stats0.get(f"host_vmm_{k}_calls", 0)
-                          for k in ("create", "map", "unmap", "release")},
-            "vmm_mapped_bytes": stats.get("host_vmm_mapped_bytes", 0) - self.stats0.get("host_vmm_mapped_bytes", 0),
+            "vmm_calls": {k: delta(f"host_vmm_{k}_calls") for k in ("create", "map", "unmap", "release")},
+            "vmm_mapped_bytes": delta("host_vmm_mapped_bytes"),
             "warmup": int(self.spec.get("warmup") or 0),
             "warmup_steps": self.warmup_steps,
             "error_step": getattr(self, "error_step", None),
