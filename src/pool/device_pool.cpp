@@ -193,6 +193,14 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
   auto place = [&](bool strict) -> void* {
     uintptr_t start = 0;
     BlockIt b = find_fit(rounded, stream, offloadable, aligned, &start, strict);
+    // Note [A step's addresses]: the step before's place, unless best fit's has more of its
+    // pages mapped.
+    uintptr_t at = 0;
+    BlockIt s = find_step_place(round_up(size, kAlignment), rounded, stream, offloadable, aligned, &at, strict);
+    if (s != blocks_.end() && (b == blocks_.end() || unmapped_in(at, rounded) <= unmapped_in(start, rounded))) {
+      b = s;
+      start = at;
+    }
     // Note [Placing on mapped pages]
     const uint64_t granules = (rounded + granularity_ - 1) / granularity_;
     if (b != blocks_.end() && rounded >= granularity_ / 2 && grouping() && pages_scarce(granules + !aligned) &&
@@ -411,6 +419,7 @@ void* DevicePool::allocate(size_t size, cudaStream_t stream, std::string* error)
 }
 Result DevicePool::deallocate(void* ptr, cudaStream_t stream) { return impl_->deallocate(ptr, stream); }
 uint64_t DevicePool::take_allocated_high() { return impl_->take_allocated_high(); }
+void DevicePool::begin_step() { impl_->begin_step(); }
 Result DevicePool::record_stream(void* ptr, cudaStream_t stream) { return impl_->record_stream(ptr, stream); }
 Result DevicePool::stream_destroyed(cudaStream_t stream) { return impl_->stream_destroyed(stream); }
 Result DevicePool::grant_peer(int peer) { return impl_->grant_peer(peer); }

@@ -61,6 +61,54 @@ DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t
   return blocks_.end();
 }
 
+// Note [A step's addresses]
+// -------------------------
+// A training loop makes the same allocations in the same order every step. At the limit,
+// best fit places each by size among the free blocks of the moment, and those differ from
+// step to step (a block freed late, a fetch's pages, an eviction's hole), so a block often
+// lands on addresses whose pages were taken since, and is given pages from idle cached runs
+// elsewhere: each a cuMemUnmap of those runs, a cuMemRelease, a cuMemCreate, a cuMemMap and
+// a cuMemSetAccess, tens of microseconds each on a GPU (Note [Runs] in granules.cpp). With
+// the step before's addresses kept, the allocation of the same order and size goes where
+// that step put it when that place is free for it under find_fit's rules (`strict` as
+// there: no closed granule, no busy run cut, aligned where asked): its pages are usually
+// still mapped there, left by its own free in the step before. Not always: an eviction or a
+// fetch may have taken them since, and where best fit's place has fewer granules unmapped
+// the block goes there (allocate_slow; the test
+// LimitOfEight.ARepeatedStepsBlockGoesWhereThePagesAreIfItsPlaceLostThem). Kept unconditionally, the place cost AdamW's state rows remaps:
+// gpt-medium-adamw at 75% of its peak made 4,184 VMM calls where best fit made 3,626, 2.817x
+// its bound with the H100's host costs against 2.501x. Only blocks of half a
+// granule or more (the ones that map runs); the order is theirs alone, counted from the
+// engine's step boundary (DevicePool::begin_step); a place that is taken or closed falls
+// back to best fit, and the step after follows wherever this one put the block. Only while
+// placing for eviction (grouping()): with no pressure nothing is remapped, and best fit keeps
+// the no-limit peak the untagged run's. Measured (`vramswap bench all --json`, 106 rows, VMM
+// calls over the measured steps; step/bound as a geometric mean): two warm-ups with the
+// H100's host costs (CUDASIM_HOST_COSTS=h100) 381,036 -> 330,999 calls, 1.6775 -> 1.6445
+// (rows within 1.05x 49 -> 51); four warm-ups 353,054 -> 319,149, 1.6479 -> 1.6266 (51 ->
+// 57); without host costs 380,138 -> 323,392, 1.0870 -> 1.0874. It loses on gpt-medium-
+// adamw at 75% (2.501 -> 2.560 with host costs, 1.698 -> 1.786 without: 298 evictions
+// become 314) and GPT-2 small at 75% with horizon 8 (1.042 -> 1.187, with fewer calls).
+DevicePool::Impl::BlockIt DevicePool::Impl::find_step_place(uint64_t key, uint64_t size, cudaStream_t stream,
+                                                            bool offloadable, bool aligned, uintptr_t* start,
+                                                            bool strict) {
+  const size_t i = step_now_.size();
+  if (!grouping() || key < granularity_ / 2 || i >= step_before_.size() || step_before_[i].first != key) return blocks_.end();
+  const uintptr_t at = step_before_[i].second;
+  if (aligned && (at - va_.base()) % granularity_ != 0) return blocks_.end();
+  auto b = blocks_.upper_bound(at);
+  if (b == blocks_.begin()) return blocks_.end();
+  --b;  // the block holding `at`
+  const Block& f = b->second;
+  uintptr_t lo = 0, hi = 0;
+  if (f.state != State::kFree || (f.tag != stream && f.tag != kAnyStream) || at + size > b->first + f.size ||
+      !usable_part(b->first, f.size, stream, offloadable, strict, &lo, &hi) || at < lo || at + size > hi ||
+      cuts_busy_run(at, size))
+    return blocks_.end();
+  *start = at;
+  return b;
+}
+
 bool DevicePool::Impl::usable_part(uintptr_t addr, uint64_t size, cudaStream_t stream, bool offloadable,
                                    bool strict, uintptr_t* lo, uintptr_t* hi) const {
   // Only the free block's first and last granules can hold live blocks (the rest lie

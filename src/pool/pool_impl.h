@@ -83,6 +83,9 @@ constexpr size_t kQuickPerSize = 32;
 // find_fit's searches for a place on occupied, then on mapped, granules look at this many
 // free blocks each at most (the slow path stays bounded when none qualifies).
 constexpr size_t kMappedFitLooks = 64;
+// Note [A step's addresses]: the most large allocations of a step whose places are kept for
+// the next one.
+constexpr size_t kStepAddresses = size_t(1) << 16;
 
 struct Block {
   uint64_t size = 0;
@@ -186,6 +189,12 @@ class DevicePool::Impl {
   }
   void empty_cache();
   PoolStats stats() const;
+  void begin_step() {
+    std::lock_guard lock(mu_);
+    stepping_ = true;
+    step_before_ = std::move(step_now_);
+    step_now_.clear();
+  }
   uint64_t take_allocated_high() {
     std::lock_guard lock(mu_);
     const uint64_t now = allocated_ - cached_in_threads();
@@ -251,6 +260,16 @@ class DevicePool::Impl {
   // at most (Note [Placing on mapped pages]).
   BlockIt find_mapped_fit(uint64_t size, cudaStream_t stream, bool offloadable, bool aligned, uintptr_t* start,
                           bool strict, uint64_t* missing);
+  // Note [A step's addresses]: the place the step before gave the same allocation, when it
+  // is free for this block under find_fit's rules (`strict` as there), or end().
+  BlockIt find_step_place(uint64_t key, uint64_t size, cudaStream_t stream, bool offloadable, bool aligned,
+                          uintptr_t* start, bool strict);
+  // Note [A step's addresses]: `p` was allocated for `size` bytes (a large block while a step
+  // runs: the next step's allocation in its order tries the same place).
+  void note_step_address(void* p, size_t size) {
+    if (!p || !stepping_ || size < granularity_ / 2 || step_now_.size() >= kStepAddresses) return;
+    step_now_.emplace_back(round_up(size, kAlignment), reinterpret_cast<uintptr_t>(p));
+  }
   bool mapped(uint64_t g) const { return granules_[g].head != kUnmapped; }
   // The granules [*lo, *end) that [addr, addr+size) covers whole (none: *lo >= *end).
   void whole_granules(uintptr_t addr, uint64_t size, uint64_t* lo, uint64_t* end) const {
@@ -512,6 +531,10 @@ class DevicePool::Impl {
 
   uint64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   uint64_t allocated_high_ = 0;  // the highest allocated_ since take_allocated_high()
+  // Note [A step's addresses]: once begin_step() was called, the large allocations of the
+  // step now and of the one before, (size rounded to 512 bytes, address) in order.
+  bool stepping_ = false;
+  std::vector<std::pair<uint64_t, uintptr_t>> step_now_, step_before_;
   uint64_t num_allocs_ = 0, num_frees_ = 0, num_cache_hits_ = 0, num_ooms_ = 0;
   // Note [Memory history] (history.h). cause_: why runs are mapped or unmapped now (an
   // eviction's unmap_block, a fetch's map_block, or neither).
@@ -589,6 +612,7 @@ class DevicePool::Impl {
   void retire(std::shared_ptr<ThreadCache> c);
   static uintptr_t stream_id(cudaStream_t s) { return s == kAnyStream ? 0 : reinterpret_cast<uintptr_t>(s); }
   void* traced_alloc(void* p, size_t size, cudaStream_t stream) {
+    note_step_address(p, size);
     if (p && history_.recording()) {
       blocks_.at(reinterpret_cast<uintptr_t>(p)).requested = size;
       history_.add(TraceEvent::Action::kAlloc, reinterpret_cast<uintptr_t>(p), size, stream_id(stream));

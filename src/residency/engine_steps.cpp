@@ -7,6 +7,7 @@
 namespace vramswap::residency {
 
 void Engine::Impl::begin_step() {
+  pool_.begin_step();  // Note [A step's addresses] in pool/placement.cpp
   if (!recorder_.enabled()) return;
   if (recorder_.active()) end_step();  // the step before ends where this one begins
   plan_next_step();

@@ -354,6 +354,86 @@ TEST_F(LimitOfEight, WhileABlockIsAwayBestFitPlacesTheBlock) {
   EXPECT_TRUE(pool().deallocate(w, stream_).ok);
 }
 
+// Note [A step's addresses]: the same case in a repeated step. The step before put the
+// allocation of this order and size on the three granules now cached; best fit alone takes
+// the unmapped hole and maps three pages there (the case above), the step's address takes
+// the cached granules and maps nothing.
+TEST_F(LimitOfEight, ARepeatedStepsBlockGoesWhereTheStepBeforePutIt) {
+  SKIP_UNLESS_CUDASIM();
+  const size_t g = granularity();
+  ASSERT_EQ(2 * kMiB, g);
+  const size_t size = 3 * g - 4096;  // not a cached block's size: no quick-list hit
+  std::string error;
+  void* x = pool().allocate_offloadable(3 * g, stream_, &error);  // granules 0-2
+  ASSERT_NE(nullptr, x) << error;
+  void* w = pool().allocate_offloadable(g, stream_, &error);  // granule 3
+  ASSERT_NE(nullptr, w) << error;
+  pool().begin_step();
+  void* y = allocate(size);  // the step's first large allocation: granules 4-6
+  void* c = allocate(g);     // granule 7: the limit reached
+  ASSERT_NE(nullptr, y);
+  ASSERT_NE(nullptr, c);
+  ASSERT_TRUE(pool().unmap_block(w).ok);  // away, and stays so
+  void* d = allocate(g);                  // takes w's page
+  ASSERT_NE(nullptr, d);
+  ASSERT_TRUE(pool().unmap_block(x).ok);
+  deallocate(x);  // a hole of three unmapped granules, its pages spare
+  deallocate(y);  // three cached granules, mapped
+  const uint64_t mapped = sim_counters()->mapped_bytes;
+
+  pool().begin_step();
+  void* z = allocate(size);  // the next step's first large allocation, of y's size
+  ASSERT_NE(nullptr, z);
+  EXPECT_EQ(y, z) << "where the step before put it, not best fit's hole";
+  EXPECT_EQ(mapped, sim_counters()->mapped_bytes) << "no page mapped";
+  EXPECT_TRUE(round_trip(z, size, 4));
+  EXPECT_EQ("", pool().check_invariants());
+  // The second allocation of the step is not y's size's: best fit, as always.
+  void* e = allocate(2 * g);
+  ASSERT_NE(nullptr, e);
+  EXPECT_EQ(x, e) << "best fit's place, the hole";
+  EXPECT_EQ("", pool().check_invariants());
+  for (void* p : {z, c, d, e}) deallocate(p);
+  EXPECT_TRUE(pool().deallocate(w, stream_).ok);
+}
+
+// ... but not where the step before's place has lost its pages and best fit's has them: a
+// place is worth keeping for its mapped pages, and one whose pages were given up would have
+// them mapped again (gpt-medium-adamw in the benchmark remapped more with the place kept).
+TEST_F(LimitOfEight, ARepeatedStepsBlockGoesWhereThePagesAreIfItsPlaceLostThem) {
+  SKIP_UNLESS_CUDASIM();
+  const size_t g = granularity();
+  ASSERT_EQ(2 * kMiB, g);
+  const size_t size = 3 * g - 4096;  // not a cached block's size: no quick-list hit
+  std::string error;
+  pool().begin_step();
+  void* x = pool().allocate_offloadable(size, stream_, &error);  // the step's first: granules 0-2
+  ASSERT_NE(nullptr, x) << error;
+  void* u = pool().allocate_offloadable(g, stream_, &error);  // granule 3
+  ASSERT_NE(nullptr, u) << error;
+  void* w = pool().allocate_offloadable(g, stream_, &error);  // granule 4
+  ASSERT_NE(nullptr, w) << error;
+  void* y = allocate(3 * g);  // granules 5-7: the limit reached
+  ASSERT_NE(nullptr, y);
+  ASSERT_TRUE(pool().unmap_block(w).ok);  // away, and stays so
+  for (void* p : {x, u}) {
+    ASSERT_TRUE(pool().unmap_block(p).ok);
+    deallocate(p);  // a hole of four unmapped granules, x's place at its start
+  }
+  deallocate(y);  // three cached granules, mapped: best fit's place
+  const uint64_t mapped = sim_counters()->mapped_bytes;
+
+  pool().begin_step();
+  void* z = allocate(size);  // the next step's first large allocation, of x's size
+  ASSERT_NE(nullptr, z);
+  EXPECT_EQ(y, z) << "best fit's mapped place, not the step before's unmapped one";
+  EXPECT_EQ(mapped, sim_counters()->mapped_bytes) << "no page mapped";
+  EXPECT_TRUE(round_trip(z, size, 6));
+  EXPECT_EQ("", pool().check_invariants());
+  deallocate(z);
+  EXPECT_TRUE(pool().deallocate(w, stream_).ok);
+}
+
 // The allocating stream is alive, so the blocks it freed itself can be made usable by
 // synchronizing just that stream: at the limit their granules are unmapped for the request
 // without waiting for another stream's work (a device synchronization would wait for it:
