@@ -193,16 +193,18 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
   auto place = [&](bool strict) -> void* {
     uintptr_t start = 0;
     BlockIt b = find_fit(rounded, stream, offloadable, aligned, &start, strict);
-    // Note [A step's addresses]: the step before's place, unless best fit's has more of its
-    // pages mapped.
-    uintptr_t at = 0;
-    BlockIt s = find_step_place(round_up(size, kAlignment), rounded, stream, offloadable, aligned, &at, strict);
-    if (s != blocks_.end() && (b == blocks_.end() || unmapped_in(at, rounded) <= unmapped_in(start, rounded))) {
-      b = s;
-      start = at;
+    const uint64_t granules = (rounded + granularity_ - 1) / granularity_;
+    // Note [A step's addresses]: at the limit, the step before's place, unless best fit's has
+    // more of its pages mapped.
+    if (pages_scarce(granules + !aligned)) {
+      uintptr_t at = 0;
+      BlockIt s = find_step_place(round_up(size, kAlignment), rounded, stream, offloadable, aligned, &at, strict);
+      if (s != blocks_.end() && (b == blocks_.end() || unmapped_in(at, rounded) <= unmapped_in(start, rounded))) {
+        b = s;
+        start = at;
+      }
     }
     // Note [Placing on mapped pages]
-    const uint64_t granules = (rounded + granularity_ - 1) / granularity_;
     if (b != blocks_.end() && rounded >= granularity_ / 2 && grouping() && pages_scarce(granules + !aligned) &&
         away_blocks_ == 0) {
       const uint64_t missing = unmapped_in(start, rounded);

@@ -75,20 +75,22 @@ DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t
 // still mapped there, left by its own free in the step before. Not always: an eviction or a
 // fetch may have taken them since, and where best fit's place has fewer granules unmapped
 // the block goes there (allocate_slow; the test
-// LimitOfEight.ARepeatedStepsBlockGoesWhereThePagesAreIfItsPlaceLostThem). Kept unconditionally, the place cost AdamW's state rows remaps:
-// gpt-medium-adamw at 75% of its peak made 4,184 VMM calls where best fit made 3,626, 2.817x
-// its bound with the H100's host costs against 2.501x. Only blocks of half a
+// LimitOfEight.ARepeatedStepsBlockGoesWhereThePagesAreIfItsPlaceLostThem). Kept whatever
+// its pages, the place cost AdamW's state rows remaps: gpt-medium-adamw at 75% of its peak
+// made 4,184 VMM calls where best fit made 3,626, 2.817x its bound with the H100's host
+// costs against 2.501x. Only blocks of half a
 // granule or more (the ones that map runs); the order is theirs alone, counted from the
 // engine's step boundary (DevicePool::begin_step); a place that is taken or closed falls
-// back to best fit, and the step after follows wherever this one put the block. Only while
-// placing for eviction (grouping()): with no pressure nothing is remapped, and best fit keeps
-// the no-limit peak the untagged run's. Measured (`vramswap bench all --json`, 106 rows, VMM
-// calls over the measured steps; step/bound as a geometric mean): two warm-ups with the
-// H100's host costs (CUDASIM_HOST_COSTS=h100) 381,036 -> 330,999 calls, 1.6775 -> 1.6445
-// (rows within 1.05x 49 -> 51); four warm-ups 353,054 -> 319,149, 1.6479 -> 1.6266 (51 ->
-// 57); without host costs 380,138 -> 323,392, 1.0870 -> 1.0874. It loses on gpt-medium-
-// adamw at 75% (2.501 -> 2.560 with host costs, 1.698 -> 1.786 without: 298 evictions
-// become 314) and GPT-2 small at 75% with horizon 8 (1.042 -> 1.187, with fewer calls).
+// back to best fit, and the step after follows wherever this one put the block. Only at the
+// limit (pages_scarce: a block's new pages would be taken from elsewhere): with pages to
+// spare the place is no cheaper than best fit's, and taking it splits a larger free block for
+// nothing (gpt-small-lora with its limit above its peak reserved 18.1 GiB with it, 16.5
+// without; LimitOfSixtyFour.WithPagesToSpareARepeatedStepsBlockGoesWhereBestFitPutsIt).
+// Measured (`vramswap bench all --json`, 106 rows, VMM calls over the measured steps;
+// step/bound as a geometric mean): two warm-ups with the H100's host costs
+// (CUDASIM_HOST_COSTS=h100) 381,036 -> 347,312 calls, 1.6775 -> 1.6423 (rows within 1.05x
+// 49 -> 50); four warm-ups 353,054 -> 339,143, 1.6479 -> 1.6342 (51 -> 55); without host
+// costs 380,138 -> 345,357 calls, 1.0870 -> 1.0881.
 DevicePool::Impl::BlockIt DevicePool::Impl::find_step_place(uint64_t key, uint64_t size, cudaStream_t stream,
                                                             bool offloadable, bool aligned, uintptr_t* start,
                                                             bool strict) {
