@@ -307,10 +307,10 @@ class DevicePool {
   // two points of a recorded step (policy/planner.h). Thread-safe.
   uint64_t take_allocated_high();
 
-  // A training step begins (the engine's step boundaries): from now on each allocation of
-  // half a granule or more goes where the step before placed the allocation of the same
-  // order and size, when that place is free for it (Note [A step's addresses]).
-  // Thread-safe.
+  // A training step begins (the engine's step boundaries): from now on, at the limit, each
+  // allocation of half a granule or more goes where the step before placed the allocation
+  // of the same order and size, when that place is free for it and has no more granules
+  // unmapped than best fit's (Note [A step's addresses]). Thread-safe.
   void begin_step();
 
   // Checks the invariants of pool_impl.h and the counters against

@@ -81,8 +81,9 @@ DevicePool::Impl::BlockIt DevicePool::Impl::find_fit(uint64_t size, cudaStream_t
 // costs against 2.501x. Only blocks of half a
 // granule or more (the ones that map runs); the order is theirs alone, counted from the
 // engine's step boundary (DevicePool::begin_step); a place that is taken or closed falls
-// back to best fit, and the step after follows wherever this one put the block. Only at the
-// limit (pages_scarce: a block's new pages would be taken from elsewhere): with pages to
+// back to best fit, and the step after follows wherever this one put the block. Only while
+// placing for eviction (grouping()) and at the limit (pages_scarce: a block's new pages
+// would be taken from elsewhere): with pages to
 // spare the place is no cheaper than best fit's, and taking it splits a larger free block for
 // nothing (gpt-small-lora with its limit above its peak reserved 18.1 GiB with it, 16.5
 // without; LimitOfSixtyFour.WithPagesToSpareARepeatedStepsBlockGoesWhereBestFitPutsIt).
