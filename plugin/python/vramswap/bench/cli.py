@@ -363,9 +363,13 @@ def _must_show(done):
                 if none is None:
                     continue
                 moved = r["bytes_d2h"] + r["bytes_h2d"]
+                peak, none_peak = r.get("peak_reserved_bytes") or 0, none.get("peak_reserved_bytes") or 0
                 out.append(f"- {sr.name} at a limit above the peak ({r['label'].split()[-1]}): 0 bytes moved: "
                            f"{mark(moved == 0)} ({report.fmt_bytes(moved)}); step time equal to no offload: "
-                           f"{mark(r['step_time_ns'] == none['step_time_ns'])}.")
+                           f"{mark(r['step_time_ns'] == none['step_time_ns'])}; peak reserved <= no offload's: "
+                           f"{mark(peak <= none_peak)} ({report.fmt_bytes(peak)} against "
+                           f"{report.fmt_bytes(none_peak)}"
+                           + (f": {report.fmt_bytes(peak - none_peak)} more)." if peak > none_peak else ")."))
     heading = next((i for i, line in enumerate(out) if line.startswith("### Kept")), len(out))
     text, kept_text = "\n".join(out[:heading]), "\n".join(out[heading:])
     why = []
@@ -375,6 +379,13 @@ def _must_show(done):
             "A tagged block the program frees is reusable at once by the stream that freed it and by other "
             "streams once the event recorded at the free completes (DevicePool::deallocate_to_any); "
             "cudasim's host clock moves only when the host waits, so other streams see that late.")
+    if "peak reserved <= no offload's: **does not hold**" in text:
+        why.append(
+            "- Under a limit below the card the pool places for eviction (DESIGN.md, \"The pool\"): a tagged "
+            "block of half a granule or more takes whole granules of its own, so that its eviction frees what "
+            "it unmaps, and ordinary blocks keep off granules with live tagged blocks; a limit above the peak "
+            "can then reserve more than the run without offload (`tagged_waste_bytes` in results.json is the "
+            "rounding part).")
     if "1.05 x the bound: **does not hold**" in text:
         why.append(
             "- Under heavy pressure the plan is still short of the bound by a few percent: the copies it "
