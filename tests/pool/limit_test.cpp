@@ -137,6 +137,35 @@ TEST_F(Limit, CachedGranulesAreUnmappedBeforeReportingOutOfMemory) {
 class LimitOfEight : public PoolTest {
  protected:
   uint64_t limit() const override { return 16 * kMiB; }
+
+  // The limit reached, then a hole of three unmapped granules (x's, its pages spare) and
+  // three cached, mapped granules (y's, of `y_size`), with w away: x on granules 0-2, w on
+  // 3, y on 4-6, c on 7, d on w's page. With `step`, a step begins just before y, which is
+  // its first large allocation (Note [A step's addresses]).
+  struct HoleAndCache {
+    void *x, *w, *y, *c, *d;
+  };
+  HoleAndCache hole_and_cache(size_t y_size, bool step) {
+    const size_t g = granularity();
+    std::string error;
+    HoleAndCache l{};
+    l.x = pool().allocate_offloadable(3 * g, stream_, &error);
+    EXPECT_NE(nullptr, l.x) << error;
+    l.w = pool().allocate_offloadable(g, stream_, &error);
+    EXPECT_NE(nullptr, l.w) << error;
+    if (step) pool().begin_step();
+    l.y = allocate(y_size);
+    l.c = allocate(g);
+    EXPECT_NE(nullptr, l.y);
+    EXPECT_NE(nullptr, l.c);
+    EXPECT_TRUE(pool().unmap_block(l.w).ok);  // away, and stays so
+    l.d = allocate(g);
+    EXPECT_NE(nullptr, l.d);
+    EXPECT_TRUE(pool().unmap_block(l.x).ok);
+    deallocate(l.x);
+    deallocate(l.y);
+    return l;
+  }
 };
 
 TEST_F(LimitOfEight, ARequestAtTheLimitUnmapsOnlyTheCachedGranulesItNeeds) {
@@ -326,21 +355,8 @@ TEST_F(LimitOfEight, WhileABlockIsAwayBestFitPlacesTheBlock) {
   SKIP_UNLESS_CUDASIM();
   const size_t g = granularity();
   ASSERT_EQ(2 * kMiB, g);
-  std::string error;
-  void* x = pool().allocate_offloadable(3 * g, stream_, &error);  // granules 0-2
-  ASSERT_NE(nullptr, x) << error;
-  void* w = pool().allocate_offloadable(g, stream_, &error);  // granule 3
-  ASSERT_NE(nullptr, w) << error;
-  void* y = allocate(3 * g);  // granules 4-6
-  void* c = allocate(g);      // granule 7: the limit reached
-  ASSERT_NE(nullptr, y);
-  ASSERT_NE(nullptr, c);
-  ASSERT_TRUE(pool().unmap_block(w).ok);  // away, and stays so
-  void* d = allocate(g);                  // takes w's page
-  ASSERT_NE(nullptr, d);
-  ASSERT_TRUE(pool().unmap_block(x).ok);
-  deallocate(x);  // a hole of three unmapped granules, its pages spare
-  deallocate(y);  // three cached granules, mapped
+  const auto [x, w, y, c, d] = hole_and_cache(3 * g, false);
+  ASSERT_FALSE(HasFailure());
   const uint64_t mapped = sim_counters()->mapped_bytes;
 
   void* z = allocate(3 * g - 4096);  // not y's size: no quick-list hit
@@ -363,22 +379,8 @@ TEST_F(LimitOfEight, ARepeatedStepsBlockGoesWhereTheStepBeforePutIt) {
   const size_t g = granularity();
   ASSERT_EQ(2 * kMiB, g);
   const size_t size = 3 * g - 4096;  // not a cached block's size: no quick-list hit
-  std::string error;
-  void* x = pool().allocate_offloadable(3 * g, stream_, &error);  // granules 0-2
-  ASSERT_NE(nullptr, x) << error;
-  void* w = pool().allocate_offloadable(g, stream_, &error);  // granule 3
-  ASSERT_NE(nullptr, w) << error;
-  pool().begin_step();
-  void* y = allocate(size);  // the step's first large allocation: granules 4-6
-  void* c = allocate(g);     // granule 7: the limit reached
-  ASSERT_NE(nullptr, y);
-  ASSERT_NE(nullptr, c);
-  ASSERT_TRUE(pool().unmap_block(w).ok);  // away, and stays so
-  void* d = allocate(g);                  // takes w's page
-  ASSERT_NE(nullptr, d);
-  ASSERT_TRUE(pool().unmap_block(x).ok);
-  deallocate(x);  // a hole of three unmapped granules, its pages spare
-  deallocate(y);  // three cached granules, mapped
+  const auto [x, w, y, c, d] = hole_and_cache(size, true);
+  ASSERT_FALSE(HasFailure());
   const uint64_t mapped = sim_counters()->mapped_bytes;
 
   pool().begin_step();
