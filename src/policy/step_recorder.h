@@ -128,7 +128,8 @@ class StepRecorder {
 
   // Records a point of the current step (nothing outside a step); `block` is the block's
   // ordinal (kNoPoint for points that name none), `demand` the pool's since the point
-  // before. Returns the point's index, or kNoPoint when none was recorded. A point that
+  // before; `bytes` names the point (an allocation's: the size asked for, whatever the pool
+  // placed). Returns the point's index, or kNoPoint when none was recorded. A point that
   // differs from the recording while following is a divergence.
   uint32_t point(PointKind kind, uint32_t block, uint64_t bytes, uint64_t demand);
 

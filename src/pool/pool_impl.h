@@ -191,6 +191,7 @@ class DevicePool::Impl {
   PoolStats stats() const;
   void begin_step() {
     std::lock_guard lock(mu_);
+    if (steps_begun_ < 2) ++steps_begun_;  // Note [A step without pressure]
     stepping_ = true;
     step_before_ = std::move(step_now_);
     step_now_.clear();
@@ -288,10 +289,15 @@ class DevicePool::Impl {
   bool pages_scarce(uint64_t granules) const {
     return spare_bytes_ + (limit_ > reserved_ ? limit_ - reserved_ : 0) < granules * granularity_;
   }
+  // Note [A step without pressure] in device_pool.h: a whole step ran with no block given up
+  // and no mapping refused, and none has been since.
+  bool relaxed() const { return steps_begun_ >= 2 && !remapping_ && !pressed_; }
   // Whether blocks are placed for eviction (Note [Placing for eviction] in device_pool.h):
-  // under a limit below the card, once the pool has been refused memory, or past half its
-  // limit.
-  bool grouping() const { return limit_ < card_bytes_ || pressed_ || 2 * reserved_ >= limit_; }
+  // once the pool has been refused memory; else, unless relaxed(), under a limit below the
+  // card or past half its limit.
+  bool grouping() const {
+    return pressed_ || (!relaxed() && (limit_ < card_bytes_ || 2 * reserved_ >= limit_));
+  }
   // True when a new block of kind `offloadable` on `stream` must not touch granule `g`
   // (always false unless grouping()).
   bool closed_to(uint64_t g, bool offloadable, cudaStream_t stream) const {
@@ -496,6 +502,8 @@ class DevicePool::Impl {
   // Per stream, the granule its last small offloadable block ended on: the one granule
   // already holding blocks where its next may go while grouping().
   std::unordered_map<cudaStream_t, uint64_t> open_;
+  // Note [A step without pressure]: begin_step() calls, counted up to 2 (a whole step ran).
+  uint64_t steps_begun_ = 0;
   bool pressed_ = false;  // a mapping was refused (the limit, or the device was full)
   // Pages change place from now on: a mapping was refused, or a block was given up
   // (unmap_block). Maps runs from then on (Note [Runs]).

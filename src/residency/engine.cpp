@@ -56,7 +56,10 @@ void* Engine::Impl::allocate_tagged(size_t size, cudaStream_t stream, std::strin
     pool_.deallocate(p, pool::any_stream());
     throw;
   }
-  note_point(policy::PointKind::kAlloc, policy::kNoPoint, slots_[by_addr_.at(reinterpret_cast<uintptr_t>(p))].placed);
+  // The size asked for, not the size placed: where and how the pool places a block may change
+  // from one step to the next (Note [A step without pressure] in pool/device_pool.h), and the
+  // step is the same one.
+  note_point(policy::PointKind::kAlloc, policy::kNoPoint, size);
   background("a tagged allocation");
   update_peaks();
   return p;
@@ -242,7 +245,7 @@ uint64_t Engine::Impl::pack(const void* ptr, cudaStream_t stream) {
       step_slots_[s.step_block] = slot;
     }
   }
-  note_point(policy::PointKind::kPack, s.step_block, s.placed);
+  note_point(policy::PointKind::kPack, s.step_block, s.requested);  // as an allocation's point
   return handle_of(slot);
 }
 

@@ -473,6 +473,92 @@ TEST_F(LimitOfSixtyFour, WithPagesToSpareARepeatedStepsBlockGoesWhereBestFitPuts
   for (void* p : {n, w, z}) deallocate(p);
 }
 
+// Note [A step without pressure]: a whole step that neither gave up a block nor was refused
+// memory shows the limit is above what a step needs, so the next places densely, as with no
+// limit (gpt-small-v10k with its limit above its peak reserved 318 MiB more than with no
+// offload while every step placed for eviction).
+class StepWithoutPressure : public LimitOfSixtyFour {
+ protected:
+  // Two offloadable blocks of three quarters of a granule each, on stream_, freed again:
+  // how far apart they were placed (a granule apart: placed for eviction).
+  uintptr_t two_blocks_apart() {
+    const size_t size = granularity() / 4 * 3;
+    std::string error;
+    void* a = pool().allocate_offloadable(size, stream_, &error);
+    void* b = pool().allocate_offloadable(size, stream_, &error);
+    EXPECT_NE(nullptr, a) << error;
+    EXPECT_NE(nullptr, b) << error;
+    if (!a || !b) return 0;
+    EXPECT_TRUE(round_trip(a, size, 3));
+    EXPECT_TRUE(round_trip(b, size, 5));
+    EXPECT_EQ("", pool().check_invariants());
+    const uintptr_t apart = reinterpret_cast<uintptr_t>(b) > reinterpret_cast<uintptr_t>(a)
+                                ? reinterpret_cast<uintptr_t>(b) - reinterpret_cast<uintptr_t>(a)
+                                : reinterpret_cast<uintptr_t>(a) - reinterpret_cast<uintptr_t>(b);
+    EXPECT_TRUE(pool().deallocate(a, stream_).ok);
+    EXPECT_TRUE(pool().deallocate(b, stream_).ok);
+    return apart;
+  }
+  // The limit reached: a block of all but one granule, then one of two granules refused.
+  void refused_once() {
+    std::string error;
+    void* big = pool().allocate(limit() - granularity(), stream_, &error);
+    ASSERT_NE(nullptr, big) << error;
+    EXPECT_EQ(nullptr, pool().allocate(2 * granularity(), stream_, &error)) << "beyond the limit";
+    EXPECT_TRUE(pool().deallocate(big, stream_).ok);
+  }
+};
+
+TEST_F(StepWithoutPressure, TheNextStepPlacesDensely) {
+  SKIP_UNLESS_CUDASIM();
+  const size_t g = granularity();
+  ASSERT_EQ(2 * kMiB, g);
+  pool().begin_step();
+  EXPECT_EQ(g, two_blocks_apart()) << "the first step places for eviction: the limit is below the card";
+  EXPECT_EQ(g, two_blocks_apart());
+  pool().begin_step();
+  EXPECT_EQ(g / 4 * 3, two_blocks_apart()) << "a step without pressure before: placed densely";
+  const uint64_t reserved = stats().reserved_bytes;
+  pool().begin_step();
+  EXPECT_EQ(g / 4 * 3, two_blocks_apart());
+  EXPECT_EQ(reserved, stats().reserved_bytes);
+}
+
+TEST_F(StepWithoutPressure, AStepThatGaveUpABlockKeepsTheNextPlacingForEviction) {
+  SKIP_UNLESS_CUDASIM();
+  const size_t g = granularity();
+  pool().begin_step();
+  std::string error;
+  void* v = pool().allocate_offloadable(g, stream_, &error);
+  ASSERT_NE(nullptr, v) << error;
+  ASSERT_TRUE(pool().unmap_block(v).ok);  // an eviction
+  ASSERT_TRUE(pool().deallocate(v, stream_).ok);
+  pool().begin_step();
+  EXPECT_EQ(g, two_blocks_apart()) << "blocks were given up in the step before";
+  pool().begin_step();
+  EXPECT_EQ(g, two_blocks_apart());
+}
+
+TEST_F(StepWithoutPressure, AStepRefusedMemoryKeepsTheNextPlacingForEviction) {
+  SKIP_UNLESS_CUDASIM();
+  const size_t g = granularity();
+  pool().begin_step();
+  refused_once();
+  pool().begin_step();
+  EXPECT_EQ(g, two_blocks_apart()) << "the pool was refused memory in the step before";
+}
+
+// A step that places densely and then reaches the limit places for eviction from there on.
+TEST_F(StepWithoutPressure, PressureInADenseStepTurnsPlacingForEvictionBackOn) {
+  SKIP_UNLESS_CUDASIM();
+  const size_t g = granularity();
+  pool().begin_step();
+  pool().begin_step();
+  ASSERT_EQ(g / 4 * 3, two_blocks_apart());
+  refused_once();
+  EXPECT_EQ(g, two_blocks_apart()) << "refused memory: placing for eviction again";
+}
+
 // The allocating stream is alive, so the blocks it freed itself can be made usable by
 // synchronizing just that stream: at the limit their granules are unmapped for the request
 // without waiting for another stream's work (a device synchronization would wait for it:

@@ -260,6 +260,21 @@ TEST_F(PlanTest, NoPressureMovesNothing) {
   EXPECT_EQ(0u, stats().planned_bytes_d2h);
 }
 
+// After a step without pressure the pool places densely (Note [A step without pressure] in
+// pool/device_pool.h): a 3 MiB block placed in whole granules in the recorded step takes
+// 3 MiB in the next. Where a block is placed is the pool's business: the step is the same
+// one, and follows its plan (kept AdamW state at 112% of its peak diverged there, and the
+// watermarks, deciding for the rest of the step, copied 12 MB out).
+TEST_F(PlanTest, AStepPlacedDenselyAfterTheRecordedOneFollowsItsPlan) {
+  start(64 * kMiB);
+  for (int k = 1; k <= 3; ++k) {
+    const StepCounts s = step(6, uint8_t(10 * k), 3, 3 * kMiB);
+    EXPECT_EQ(0u, s.evicted) << "step " << k;
+  }
+  EXPECT_EQ(2u, stats().num_planned_steps);
+  EXPECT_EQ(0u, stats().num_plan_divergences);
+}
+
 TEST_F(PlanTest, PlanOffNeverFollows) {
   EngineOptions options;
   options.plan = false;

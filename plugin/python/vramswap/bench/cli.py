@@ -385,7 +385,9 @@ def _must_show(done):
             "block of half a granule or more takes whole granules of its own, so that its eviction frees what "
             "it unmaps, and ordinary blocks keep off granules with live tagged blocks; a limit above the peak "
             "can then reserve more than the run without offload (`tagged_waste_bytes` in results.json is the "
-            "rounding part).")
+            "rounding part). After a step with no eviction and no refused mapping it places densely again, but "
+            "what was placed before stays: kept blocks (frozen weights, optimizer state) in whole granules, "
+            "and the granules the first step mapped.")
     if "1.05 x the bound: **does not hold**" in text:
         why.append(
             "- Under heavy pressure the plan is still short of the bound by a few percent: the copies it "
