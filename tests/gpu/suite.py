@@ -628,6 +628,10 @@ class Runner:
         """tests/gpu/copy_cost.py: what one pinned copy costs by size."""
         return self._measure("copy_cost.py", ["--cpu-sim"] if self.args.cpu_sim else [])
 
+    def copy_order(self):
+        """tests/gpu/copy_order.py: whether a copy on a second stream waits for another's queue."""
+        return self._measure("copy_order.py", ["--cpu-sim"] if self.args.cpu_sim else [])
+
     def vmm(self):
         """tests/gpu/vmm_cost.py: what CUDA's VMM calls and pinning cost."""
         return self._measure("vmm_cost.py", ["--cpu-sim", "--granules", "32"] if self.args.cpu_sim else [])
@@ -769,6 +773,7 @@ def markdown(report):
               "gradient bit-identical (sha256) to the torch mode's.", ""]
     lines += snapshot_markdown(report["modes"])
     lines += copies_markdown(report.get("copies") or {})
+    lines += copy_order_markdown(report.get("copy_order") or {})
     lines += vmm_markdown(report.get("vmm") or {})
     lines += oom_markdown(report.get("oom") or {})
     lines.append("Checks: all held." if not report["failures"] else "Checks:")
@@ -860,6 +865,25 @@ def copies_markdown(copies):
                         else ""))
     lines += ["", "VRAMSWAP_MIN_OFFLOAD_BYTES (64 KiB by default) should not be far below the break-even "
               "size: below it a block's copies spend more time on their fixed cost than on its bytes.", ""]
+    return lines
+
+
+def copy_order_markdown(order):
+    """The copy-order section (tests/gpu/copy_order.py): when a small host-to-device copy on a
+    second stream landed, against a queue of large ones on the first."""
+    if order.get("status") != "ok":
+        return [f"Copy order: {order.get('status', 'not measured')}: {order.get('message', '')}", ""]
+    where = "cudasim's model, not a card" if order.get("clock") == "cudasim" else "device time (CUDA events)"
+    lines = [f"Copy order ({order['queue']} copies of {fmt_bytes(order['big_bytes'])} host to device on one stream, "
+             f"then {fmt_bytes(order['small_bytes'])} on another; {where}):", "",
+             "| second stream | queue landed | its copy landed | share of the queue's time |",
+             "| --- | ---: | ---: | ---: |"]
+    for c in order["cases"]:
+        lines.append(f"| {c['case']} ({c['priority']}) | {c['queue_ns'] / 1e6:.3f} ms | {c['small_ns'] / 1e6:.3f} ms | "
+                     f"{c['small_share']:.3f} |")
+    lines += ["", "Near 1: the second stream's copy waited for the whole queue (as cudasim serves copies); "
+              "far below: the copy engine took it sooner, and a second fetch stream would let an urgent "
+              "fetch pass planned ones.", ""]
     return lines
 
 
@@ -977,6 +1001,9 @@ def main(argv):
         print(f"{'copies':24s} ...", end="", flush=True)
         copies = runner.copies()
         print(f" {copies['status']}" + (f": {copies.get('message', '')}" if copies["status"] != "ok" else ""))
+        print(f"{'copy order':24s} ...", end="", flush=True)
+        order = runner.copy_order()
+        print(f" {order['status']}" + (f": {order.get('message', '')}" if order["status"] != "ok" else ""))
         print(f"{'VMM calls':24s} ...", end="", flush=True)
         vmm = runner.vmm()
         print(f" {vmm['status']}" + (f": {vmm.get('message', '')}" if vmm["status"] != "ok" else ""))
@@ -989,6 +1016,8 @@ def main(argv):
     if copies["status"] in ("error", "timeout"):
         failures.append(f"copies: {copies['status']}: {copies.get('message', '')[:300]}")
     failures += oom_failures(oom)
+    if order["status"] in ("error", "timeout"):
+        failures.append(f"copy order: {order['status']}: {order.get('message', '')[:300]}")
     if vmm["status"] in ("error", "timeout"):
         failures.append(f"VMM calls: {vmm['status']}: {vmm.get('message', '')[:300]}")
     ref = by_mode.get("torch", {})
@@ -998,7 +1027,7 @@ def main(argv):
             digests = json.dumps(r.pop("grad_digests"), sort_keys=True).encode()
             r["grads_digest"] = hashlib.sha256(digests).hexdigest()
     report = {"date": date, "command": command, "device": device, "torch_version": info["torch_version"],
-              "workload": cfg, "num_parameters": ref.get("num_parameters"), "modes": results, "copies": copies, "vmm": vmm, "oom": oom,
+              "workload": cfg, "num_parameters": ref.get("num_parameters"), "modes": results, "copies": copies, "copy_order": order, "vmm": vmm, "oom": oom,
               "failures": failures, "notes": notes, "passed": not failures}
     json_path, md_path = output_paths(args, date, slug)
     json_path.write_text(json.dumps(report, indent=2) + "\n")
