@@ -836,6 +836,11 @@ def oom_markdown(oom):
             f"\"{oom.get('message', '')[:400]}\"".replace("|", "\\|").replace("\n", " "), ""]
 
 
+def clock_words(measured):
+    """What a measurement's times are (its "clock"): cudasim's model or the card's."""
+    return "cudasim's model, not a card" if measured.get("clock") == "cudasim" else "device time (CUDA events)"
+
+
 def copies_markdown(copies):
     """The copy-cost section (tests/gpu/copy_cost.py): per size the device time of one copy
     each way, and the fit t = a + s / B with its break-even size s* = a * B."""
@@ -845,7 +850,7 @@ def copies_markdown(copies):
     def size(n):
         return fmt_bytes(n) if n >= MIB else f"{n / 1024:.0f} KiB"
 
-    where = "cudasim's model, not a card" if copies.get("clock") == "cudasim" else "device time (CUDA events)"
+    where = clock_words(copies)
     lines = [f"Copy cost (pinned host memory, one cudaMemcpyAsync per copy; {where}):", "",
              "| bytes | device to host | host to device |", "| --- | --- | --- |"]
     rows = {(r["direction"], r["bytes"]): r for r in copies["rows"]}
@@ -873,7 +878,7 @@ def copy_order_markdown(order):
     second stream landed, against a queue of large ones on the first."""
     if order.get("status") != "ok":
         return [f"Copy order: {order.get('status', 'not measured')}: {order.get('message', '')}", ""]
-    where = "cudasim's model, not a card" if order.get("clock") == "cudasim" else "device time (CUDA events)"
+    where = clock_words(order)
     lines = [f"Copy order ({order['queue']} copies of {fmt_bytes(order['big_bytes'])} host to device on one stream, "
              f"then {fmt_bytes(order['small_bytes'])} on another; {where}):", "",
              "| second stream | queue landed | its copy landed | share of the queue's time |",
@@ -885,6 +890,23 @@ def copy_order_markdown(order):
               "far below: the copy engine took it sooner, and a second fetch stream would let an urgent "
               "fetch pass planned ones.", ""]
     return lines
+
+
+def measurement(label, run):
+    """Runs one of the Runner's measurement steps (copies, copy order, VMM calls), saying so
+    on a line of its own with its status: its result."""
+    print(f"{label:24s} ...", end="", flush=True)
+    result = run()
+    print(f" {result['status']}" + (f": {result.get('message', '')}" if result["status"] != "ok" else ""))
+    return result
+
+
+def measurement_failures(label, result):
+    """A measurement step's failure for the report's list: an error or a timeout (a skipped
+    step is not one)."""
+    if result["status"] in ("error", "timeout"):
+        return [f"{label}: {result['status']}: {result.get('message', '')[:300]}"]
+    return []
 
 
 def output_paths(args, date, slug):
@@ -998,28 +1020,19 @@ def main(argv):
         if args.cpu_sim:
             results.append({"mode": "save_on_cpu", "status": "skipped",
                             "message": "needs a GPU (pinned host memory and device copies)"})
-        print(f"{'copies':24s} ...", end="", flush=True)
-        copies = runner.copies()
-        print(f" {copies['status']}" + (f": {copies.get('message', '')}" if copies["status"] != "ok" else ""))
-        print(f"{'copy order':24s} ...", end="", flush=True)
-        order = runner.copy_order()
-        print(f" {order['status']}" + (f": {order.get('message', '')}" if order["status"] != "ok" else ""))
-        print(f"{'VMM calls':24s} ...", end="", flush=True)
-        vmm = runner.vmm()
-        print(f" {vmm['status']}" + (f": {vmm.get('message', '')}" if vmm["status"] != "ok" else ""))
+        copies = measurement("copies", runner.copies)
+        order = measurement("copy order", runner.copy_order)
+        vmm = measurement("VMM calls", runner.vmm)
         print(f"{'out-of-memory check':24s} ...", end="", flush=True)
         oom = runner.oom()
         print(f" {oom['status']}: " + (f"{oom.get('exception')}: {oom.get('message', '')[:300]}"
                                        if oom["status"] == "ok" else oom.get("message", "")))
 
     failures, notes = evaluate(results, by_mode, args)
-    if copies["status"] in ("error", "timeout"):
-        failures.append(f"copies: {copies['status']}: {copies.get('message', '')[:300]}")
+    failures += measurement_failures("copies", copies)
     failures += oom_failures(oom)
-    if order["status"] in ("error", "timeout"):
-        failures.append(f"copy order: {order['status']}: {order.get('message', '')[:300]}")
-    if vmm["status"] in ("error", "timeout"):
-        failures.append(f"VMM calls: {vmm['status']}: {vmm.get('message', '')[:300]}")
+    failures += measurement_failures("copy order", order)
+    failures += measurement_failures("VMM calls", vmm)
     ref = by_mode.get("torch", {})
     date = datetime.date.today().isoformat()
     for r in results:  # the digests did their work; the files keep one per mode
