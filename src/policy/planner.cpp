@@ -71,6 +71,12 @@ struct Risk {
   }
 };
 
+// What the step needs at point j: its demand, the margin and the feedback there.
+uint64_t need_at(const RecordedStep& step, const PlanOptions& options, uint32_t j) {
+  const uint64_t extra = j < options.extra.size() ? options.extra[j] : 0;
+  return step.demand[j] + options.margin_bytes + extra;
+}
+
 // One plan for the victims Belady's rule picks from the blocks not `banned`: `plan` arrives
 // with must_leave_bytes and worst_point set and leaves with the victims, their fetches and the
 // shortfall.
@@ -178,6 +184,15 @@ Risk plan_without(const RecordedStep& step, const PlanOptions& options, const st
   for (uint32_t j = 0; j < n; ++j) slack[j] -= int64_t(must[j]);
   std::stable_sort(chosen.begin(), chosen.end(),
                    [&](uint32_t a, uint32_t b) { return last_out(step.blocks[a]) < last_out(step.blocks[b]); });
+  // With a fetch margin (Note [Room the fetches leave] in step_recorder.h), a fetch at j also
+  // counts the room below the limit there, and leaves the margin of it free.
+  const int64_t margin = int64_t(options.fetch_margin_bytes);
+  std::vector<int64_t> room(n, 0);
+  if (margin > 0)
+    for (uint32_t j = 0; j < n; ++j) {
+      const uint64_t need = need_at(step, options, j);
+      room[j] = need < options.limit_bytes ? int64_t(options.limit_bytes - need) : 0;
+    }
   uint32_t queue = 0;  // the fetch point of the victim needed before this one
   uint64_t back_free = 0;  // when the copies back started so far have landed
   for (uint32_t b : chosen) {
@@ -185,7 +200,7 @@ Risk plan_without(const RecordedStep& step, const PlanOptions& options, const st
     const int64_t bytes = int64_t(s.bytes);
     uint32_t fetch = s.cold;  // no point needs it out: not a victim after all
     for (uint32_t j = last_out(s); j > s.cold; --j) {
-      if (out_at(b, j) && slack[j] < bytes) {
+      if (out_at(b, j) && slack[j] + room[j] < bytes + margin) {
         fetch = j;
         break;
       }
@@ -225,8 +240,7 @@ Plan make_plan(const RecordedStep& step, const PlanOptions& options) {
   // X(j): the bytes that must be out at point j.
   std::vector<uint64_t> must(n, 0);
   for (uint32_t j = 0; j < n; ++j) {
-    const uint64_t extra = j < options.extra.size() ? options.extra[j] : 0;
-    const uint64_t need = step.demand[j] + options.margin_bytes + extra;
+    const uint64_t need = need_at(step, options, j);
     must[j] = need > options.limit_bytes ? need - options.limit_bytes : 0;
     if (must[j] > plan.must_leave_bytes) {
       plan.must_leave_bytes = must[j];

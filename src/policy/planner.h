@@ -103,6 +103,9 @@ struct PlanOptions {
   std::vector<uint32_t> fetch_by{};  // per block (shorter: kNoPoint past its end): a victim's
                                    // fetch starts after this point at the latest (feedback
                                    // from a fetch that landed late); kNoPoint: no constraint
+  uint64_t fetch_margin_bytes = 0;  // what a fetch leaves free at every point it holds its
+                                   // bytes: room for the pool's overhead that the demand
+                                   // misses (Note [Room the fetches leave] in step_recorder.h)
 };
 
 struct Plan {

@@ -13,6 +13,7 @@ void StepRecorder::begin_step() {
   step_ = RecordedStep();
   shape_.clear();
   waited_.clear();
+  uncovered_max_ = 0;
   following_ = recorded_points_ > 0 && skip_ == 0;
   skipping_ = recorded_points_ > 0 && skip_ > 0;
   if (skip_ > 0) --skip_;
@@ -80,9 +81,10 @@ void StepRecorder::refetch(uint32_t block) {
   if (next < fetches_.size() && next < use) fetches_[next].push_back(block);
 }
 
-void StepRecorder::waited(uint64_t bytes, uint64_t under_way) {
+void StepRecorder::waited(uint64_t bytes, uint64_t under_way, uint64_t fetching) {
   if (!following_ || step_.demand.empty() || bytes <= under_way) return;
   bytes -= under_way;
+  if (fetching > 0) uncovered_max_ = std::max(uncovered_max_, bytes);
   const size_t p = step_.demand.size() - 1;
   if (waited_.size() <= p) waited_.resize(p + 1, 0);
   waited_[p] += bytes;
@@ -106,9 +108,12 @@ void StepRecorder::end_step() {
     // Feedback: what the allocations still waited for is added where they waited.
     if (extra_.size() < waited_.size()) extra_.resize(waited_.size(), 0);
     for (size_t p = 0; p < waited_.size(); ++p) extra_[p] += waited_[p];
+    // Note [Room the fetches leave]
+    fetch_margin_ = std::max(fetch_margin_, std::min(kFetchRoomFactor * uncovered_max_, limit_ / kFetchRoomShare));
   } else {
     if (following_) ++divergences_;  // the step ended before the recording did
     extra_.clear();
+    fetch_margin_ = 0;
     fetch_by_.clear();
     moved_.clear();
     settled_.clear();
@@ -140,7 +145,7 @@ void StepRecorder::plan_next(std::vector<uint64_t> time_ns, double bytes_per_ns,
     if (ended_planned_) move_late_fetches(took, time_ns, late);
   }
   step_.time_ns = std::move(time_ns);
-  plan_ = make_plan(step_, PlanOptions{limit_, 0, extra_, bytes_per_ns, kVictimCostNs, 8, fetch_by_});
+  plan_ = make_plan(step_, PlanOptions{limit_, 0, extra_, bytes_per_ns, kVictimCostNs, 8, fetch_by_, fetch_margin_});
   fetches_.assign(recorded_points_, {});
   std::vector<uint32_t> victims;
   for (uint32_t b = 0; b < plan_.fetch_at.size(); ++b)

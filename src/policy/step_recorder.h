@@ -63,6 +63,33 @@
 // out). A divergence forgets the moves with the recording. The move only acts from the
 // third step on (recorded, planned and late, then moved).
 //
+// Note [Room the fetches leave]
+// -----------------------------
+// The plan counts bytes; the pool maps granules and places blocks where they fit. A point's
+// demand therefore misses the pool's overhead there, and a fetch the plan starts as soon as
+// memory allows takes the last free pages: an allocation after it then finds a granule or
+// two missing with nothing on its way out, and the reactive policy gives up the resident
+// block needed furthest away. Following a plan, that is often a block a planned fetch just
+// brought back (optimizer state needed after the whole backward), whose fetch then queues
+// behind every fetch already started, and the blocks' copies out run on into the next
+// step's forward, which waits for them. The feedback at the point (`extra`) does not stop
+// it: with the fetches moved, the next step comes short at another point. So after a
+// planned step in which an allocation waited for bytes the evictions under way did not
+// cover while fetches were in flight (the fetches held memory it lacked), the plan's
+// fetches leave room: a fetch starts only where what is out beyond the point's need and the
+// room below the limit there leave kFetchRoomFactor times the most bytes such an allocation
+// waited for free (PlanOptions::fetch_margin_bytes), at most the limit / kFetchRoomShare.
+// The room only grows while the step repeats, and a divergence forgets it. A wait with no
+// fetch in flight is left to `extra`: the disk step's waits are for its writes, and room
+// left there only delayed reads the disk was already late with (gpt-small-disk at 75%,
+// four warm-ups, 1.359x -> 1.641x the bound). Measured (`vramswap bench all --json`, 106
+// rows, four warm-ups): GPT-2 medium with AdamW state kept at 90, 75, 50% of its peak
+// 1.570, 1.710, 1.177x the bound -> 1.382, 1.139, 1.094x, no other row moved by 2%; the
+// geometric mean 1.0843 -> 1.0618; with the H100's host costs (CUDASIM_HOST_COSTS=h100)
+// 1.6342 -> 1.6149. After one and two warm-ups with cudasim's default costs nothing moved
+// by 2% (the room comes with the second planned step, and the first planned step's copies
+// still run into the measured one); after two with the H100's, 1.6423 -> 1.6226.
+//
 // Thread safety: none; the engine's mutex guards it.
 #pragma once
 
@@ -83,6 +110,11 @@ enum class PointKind : uint8_t { kGraph, kAlloc, kPack, kCold, kUnpack, kRelease
 // whatever its size, and a victim's pages are one allocation (Note [Runs] in
 // pool/granules.cpp).
 constexpr uint64_t kVictimCostNs = 100'000;
+
+// Note [Room the fetches leave] (above): the room a plan's fetches leave is this many times
+// the most an allocation waited for, at most the limit / kFetchRoomShare.
+constexpr uint64_t kFetchRoomFactor = 8;
+constexpr uint64_t kFetchRoomShare = 256;
 
 // A planned fetch that landed after its block was needed, measured on the device: the block
 // (its ordinal in the step) and the time (ns from the step's first point) by which the fetch
@@ -162,11 +194,12 @@ class StepRecorder {
   void refetch(uint32_t block);
 
   // Following: an allocation at the current point still had to wait for `bytes` of
-  // evictions, `under_way` bytes of evictions being in flight. What they do not cover is
+  // evictions, `under_way` bytes of evictions and `fetching` bytes of fetches being in
+  // flight (Note [Room the fetches leave]). What they do not cover is
   // feedback for the next plan (added to the point's demand); what they cover is the plan's
   // copies landing late, not memory it lacked: counting that too, the plan grew at every
   // step where the copies, not the plan, kept the allocation waiting.
-  void waited(uint64_t bytes, uint64_t under_way = 0);
+  void waited(uint64_t bytes, uint64_t under_way = 0, uint64_t fetching = 0);
   // An allocation since the last point needed the pool to map `bytes` with nothing evicted
   // (what was mapped, what it lacked, and the evicted blocks' bytes): the next point's
   // demand is at least that.
@@ -216,6 +249,9 @@ class StepRecorder {
   size_t recorded_points_ = 0;
   std::vector<Point> recorded_shape_;
   std::vector<uint64_t> extra_;   // feedback carried into the plan
+  uint64_t uncovered_max_ = 0;    // the most an allocation of this step waited for beyond
+                                  // the evictions under way (following a plan)
+  uint64_t fetch_margin_ = 0;     // feedback carried into the plan: PlanOptions::fetch_margin_bytes
   std::vector<uint32_t> fetch_by_;  // feedback carried into the plan: PlanOptions::fetch_by
   struct Move {
     uint32_t block, before;  // the block's fetch_by before the move

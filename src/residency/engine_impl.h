@@ -179,7 +179,7 @@ class Engine::Impl : private policy::ReactiveEngine {
       recorder_.pressure(pool_.stats().limit_bytes + bytes + unmapped);
       if (recorder_.following()) {
         const uint64_t leaving = in_flight_bytes(Residency::kEvicting);
-        recorder_.waited(bytes, leaving);
+        recorder_.waited(bytes, leaving, in_flight_bytes(Residency::kFetching));
         stats::log(stats::LogLevel::kDebug,
                    "device %d: following the plan, an allocation waits for %llu bytes (%llu under way)", device_,
                    static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(leaving));

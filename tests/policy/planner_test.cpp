@@ -203,6 +203,37 @@ TEST(MakePlanFetchBy, ALateFetchStartsByItsPointAndAnotherBlockCoversTheRest) {
   EXPECT_EQ(1u, never.shortfall_bytes);
 }
 
+// Note [Room the fetches leave] (step_recorder.h): with a fetch margin, a victim comes back
+// only where the room below the limit and what is out beyond the need leave the margin
+// free. A (4) must be out at point 2 (11 at limit 10); the need falls 10, 9, 8 after it.
+TEST(MakePlanFetchMargin, AFetchStartsWhereItLeavesTheMarginFree) {
+  RecordedStep step{{6, 8, 11, 10, 9, 8, 6}, {{4, 0, 6}}, {}};
+  PlanOptions options{10, 0, {}, 0};
+  EXPECT_EQ(std::vector<uint32_t>({2}), make_plan(step, options).fetch_at) << "as soon as memory allows";
+  options.fetch_margin_bytes = 1;
+  EXPECT_EQ(std::vector<uint32_t>({3}), make_plan(step, options).fetch_at) << "after point 3, 1 below the limit";
+  options.fetch_margin_bytes = 2;
+  EXPECT_EQ(std::vector<uint32_t>({4}), make_plan(step, options).fetch_at);
+  // No point before its use leaves that much: the fetch starts at the last one.
+  options.fetch_margin_bytes = 9;
+  EXPECT_EQ(std::vector<uint32_t>({5}), make_plan(step, options).fetch_at);
+  // The margin never makes a victim: what must leave and the bytes planned are the same.
+  EXPECT_EQ(1u, make_plan(step, options).must_leave_bytes);
+  EXPECT_EQ(4u, make_plan(step, options).planned_bytes);
+}
+
+// Two victims: B's fetch counts what A, still out, leaves free beyond the need.
+TEST(MakePlanFetchMargin, WhatAnotherVictimLeavesOutCountsTowardTheMargin) {
+  // Points 2-3 need 6 out (both victims), point 4 needs 2; A (2) is needed at 8, B (4) at 6.
+  RecordedStep step{{6, 8, 16, 16, 12, 10, 9, 8, 6}, {{2, 0, 8}, {4, 0, 6}}, {}};
+  PlanOptions options{10, 0, {}, 0};
+  EXPECT_EQ(std::vector<uint32_t>({4, 3}), make_plan(step, options).fetch_at);
+  options.fetch_margin_bytes = 1;
+  // B comes back after point 4: at point 5 (10) A, still out, leaves 2 free. A comes back
+  // after point 5: at point 6 (9) with both back, 1 is free.
+  EXPECT_EQ(std::vector<uint32_t>({5, 4}), make_plan(step, options).fetch_at);
+}
+
 // Every point's bytes out under the plan cover what must be out there, wherever a cold
 // block could: checked on a generated forward/backward step of many blocks.
 TEST(MakePlanProperty, EveryCoverablePointIsCoveredAndNothingIsOutAtItsUse) {

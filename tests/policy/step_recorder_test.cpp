@@ -264,6 +264,69 @@ TEST(StepRecorder, AWaitTheEvictionsUnderWayCoverIsNoFeedback) {
   EXPECT_EQ(2u, r.plan().must_leave_bytes);
 }
 
+// Note [Room the fetches leave]: a one-block step at limit 2560, so that the room a fetch may
+// leave (at most limit / kFetchRoomShare) is 10. A (400) is saved and goes cold; the
+// junction is 40 over; backward's need falls by 5 a point until A's use. A step that follows
+// the plan waits for `waited` bytes at its first allocation (where nothing is over), with
+// `fetching` bytes of fetches in flight.
+struct RoomStep {
+  explicit RoomStep(StepRecorder& recorder) : r(recorder) {}
+  StepRecorder& r;
+  void step(uint64_t waited = 0, uint64_t fetching = 0, uint64_t junction_bytes = 2200) {
+    r.begin_step();
+    r.point(K::kGraph, kNoPoint, 0, 0);
+    r.point(K::kAlloc, kNoPoint, 400, 400);
+    if (r.following() && waited) r.waited(waited, 0, fetching);
+    const uint32_t a = r.new_block(400);
+    r.point(K::kPack, a, 400, 400);
+    r.point(K::kCold, a, 0, 400);
+    junction = r.point(K::kAlloc, kNoPoint, junction_bytes, 2600);
+    for (uint64_t k = 0; k < 4; ++k) r.point(K::kAlloc, kNoPoint, k + 1, 2560 - 5 * k);
+    r.point(K::kUnpack, a, 0, 2545);
+    r.point(K::kRelease, a, 0, 2145);
+    r.end_step();
+    r.plan_next({}, 0);
+  }
+  uint32_t fetch_of_a() const { return r.plan().fetch_at.at(0); }
+  uint32_t junction = kNoPoint;
+};
+
+TEST(StepRecorder, AWaitWhileFetchesHeldMemoryMakesTheNextPlansFetchesLeaveRoom) {
+  static_assert(2560 / kFetchRoomShare == 10);
+  StepRecorder r(true, 2560);
+  RoomStep s(r);
+  s.step();
+  ASSERT_EQ(1u, r.plan().num_victims);
+  EXPECT_EQ(s.junction, s.fetch_of_a()) << "back as soon as memory allows";
+  s.step();  // followed, no wait: nothing changes
+  EXPECT_EQ(s.junction, s.fetch_of_a());
+  s.step(2, 4 * 400);  // 8 x 2 = 16, at most 10: A waits for a point 10 below the limit
+  EXPECT_EQ(2u, r.num_planned_steps());
+  EXPECT_EQ(s.junction + 2, s.fetch_of_a()) << "after the point at 2555, where only 5 would be free";
+  s.step();  // the room stays while the step repeats
+  EXPECT_EQ(s.junction + 2, s.fetch_of_a());
+  EXPECT_EQ(400u, r.plan().planned_bytes) << "the room moves the fetch, it makes no victim";
+}
+
+TEST(StepRecorder, AWaitWithNoFetchInFlightLeavesNoRoom) {
+  StepRecorder r(true, 2560);
+  RoomStep s(r);
+  s.step();
+  s.step(2, 0);
+  EXPECT_EQ(s.junction, s.fetch_of_a()) << "the wait is the point's feedback only";
+}
+
+TEST(StepRecorder, ADivergenceForgetsTheRoom) {
+  StepRecorder r(true, 2560);
+  RoomStep s(r);
+  s.step();
+  s.step(2, 400);
+  EXPECT_EQ(s.junction + 2, s.fetch_of_a());
+  s.step(0, 0, 2201);  // another junction allocation: a divergence, recorded afresh
+  EXPECT_EQ(1u, r.num_divergences());
+  EXPECT_EQ(s.junction, s.fetch_of_a()) << "the plan made from the new recording leaves no room";
+}
+
 TEST(StepRecorder, PressureRaisesTheNextPointsDemand) {
   StepRecorder r(true, 10);
   r.begin_step();
