@@ -71,16 +71,11 @@ struct Risk {
   }
 };
 
-// What the step needs at point j: its demand, the margin and the feedback there.
-uint64_t need_at(const RecordedStep& step, const PlanOptions& options, uint32_t j) {
-  const uint64_t extra = j < options.extra.size() ? options.extra[j] : 0;
-  return step.demand[j] + options.margin_bytes + extra;
-}
-
 // One plan for the victims Belady's rule picks from the blocks not `banned`: `plan` arrives
 // with must_leave_bytes and worst_point set and leaves with the victims, their fetches and the
-// shortfall.
+// shortfall. room[j]: the bytes below the limit at j, counted only with a fetch margin.
 Risk plan_without(const RecordedStep& step, const PlanOptions& options, const std::vector<uint64_t>& must,
+                  const std::vector<uint64_t>& room,
                   const std::vector<uint8_t>& banned, Plan& plan) {
   const uint32_t n = uint32_t(step.demand.size());
   const size_t nb = step.blocks.size();
@@ -187,12 +182,6 @@ Risk plan_without(const RecordedStep& step, const PlanOptions& options, const st
   // With a fetch margin (Note [Room the fetches leave] in step_recorder.h), a fetch at j also
   // counts the room below the limit there, and leaves the margin of it free.
   const int64_t margin = int64_t(options.fetch_margin_bytes);
-  std::vector<int64_t> room(n, 0);
-  if (margin > 0)
-    for (uint32_t j = 0; j < n; ++j) {
-      const uint64_t need = need_at(step, options, j);
-      room[j] = need < options.limit_bytes ? int64_t(options.limit_bytes - need) : 0;
-    }
   uint32_t queue = 0;  // the fetch point of the victim needed before this one
   uint64_t back_free = 0;  // when the copies back started so far have landed
   for (uint32_t b : chosen) {
@@ -200,7 +189,7 @@ Risk plan_without(const RecordedStep& step, const PlanOptions& options, const st
     const int64_t bytes = int64_t(s.bytes);
     uint32_t fetch = s.cold;  // no point needs it out: not a victim after all
     for (uint32_t j = last_out(s); j > s.cold; --j) {
-      if (out_at(b, j) && slack[j] + room[j] < bytes + margin) {
+      if (out_at(b, j) && slack[j] + int64_t(room[j]) < bytes + margin) {
         fetch = j;
         break;
       }
@@ -237,11 +226,14 @@ Plan make_plan(const RecordedStep& step, const PlanOptions& options) {
   plan.fetch_at.assign(nb, kNoPoint);
   if (n == 0) return plan;
 
-  // X(j): the bytes that must be out at point j.
-  std::vector<uint64_t> must(n, 0);
+  // X(j): the bytes that must be out at point j; with a fetch margin, the room below the
+  // limit there too.
+  std::vector<uint64_t> must(n, 0), room(n, 0);
   for (uint32_t j = 0; j < n; ++j) {
-    const uint64_t need = need_at(step, options, j);
+    const uint64_t extra = j < options.extra.size() ? options.extra[j] : 0;
+    const uint64_t need = step.demand[j] + options.margin_bytes + extra;
     must[j] = need > options.limit_bytes ? need - options.limit_bytes : 0;
+    if (options.fetch_margin_bytes > 0 && need < options.limit_bytes) room[j] = options.limit_bytes - need;
     if (must[j] > plan.must_leave_bytes) {
       plan.must_leave_bytes = must[j];
       plan.worst_point = j;
@@ -263,7 +255,7 @@ Plan make_plan(const RecordedStep& step, const PlanOptions& options) {
   const double victim_bytes = options.bytes_per_ns * double(options.victim_cost_ns);
   auto cost = [&](const Plan& p) { return double(p.planned_bytes) + victim_bytes * p.num_victims; };
   std::vector<uint8_t> banned(nb, 0);
-  Risk risk = plan_without(step, options, must, banned, plan);
+  Risk risk = plan_without(step, options, must, room, banned, plan);
   std::vector<uint8_t> tried(nb, 0);
   // A plan within the margin of X is left as it is: no trial could move fewer bytes for
   // X plus the margin, and each costs as much as the plan itself.
@@ -279,7 +271,7 @@ Plan make_plan(const RecordedStep& step, const PlanOptions& options) {
     for (uint32_t b = 0; b < nb; ++b)
       if (b == largest || (!plan.evict[b] && step.blocks[b].bytes >= step.blocks[largest].bytes)) without[b] = 1;
     Plan other = plan;
-    const Risk other_risk = plan_without(step, options, must_with_margin, without, other);
+    const Risk other_risk = plan_without(step, options, must_with_margin, room, without, other);
     if (cost(other) < cost(plan) && other_risk.no_worse_than(risk)) {
       plan = std::move(other);
       risk = other_risk;
