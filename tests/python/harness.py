@@ -6,6 +6,9 @@ A case is a training pattern run on models.build()'s transformer:
   checkpoint          blocks 2 and 3 under torch.utils.checkpoint.checkpoint(...,
                       use_reentrant=False): their own saved-tensor hooks nest inside
                       vramswap.offload()'s, and backward recomputes them
+  checkpoint_reentrant  the same with use_reentrant=True (torch 1.13's default): the
+                      blocks' forward runs without grad, and backward recomputes them
+                      outside the offload scope, in a backward of its own
   accum_interleaved   two microbatches, forward/backward twice, gradients accumulating
   accum_two_forwards  two microbatches: both forwards (two graphs alive at once), then both
                       backwards, gradients accumulating
@@ -41,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # noqa: E402
 
 MIB = 1 << 20
-CASES = ("step", "checkpoint", "accum_interleaved", "accum_two_forwards", "nested", "train3")
+CASES = ("step", "checkpoint", "checkpoint_reentrant", "accum_interleaved", "accum_two_forwards", "nested", "train3")
 CHECKPOINTED = (2, 3)  # blocks run under checkpoint in the checkpoint case: the last ones, so
 # blocks 0 and 1, offloaded, stay evicted while backward recomputes 3 and 2
 
@@ -49,16 +52,17 @@ CHECKPOINTED = (2, 3)  # blocks run under checkpoint in the checkpoint case: the
 def run_case(torch, case, model, data, scope, between=None):
     """Runs the case's forwards (inside `scope`) and backwards; returns the losses.
     `between()`, when given, runs after the (first) forward, before its backward."""
-    if case in ("step", "checkpoint", "nested"):
+    if case in ("step", "checkpoint", "checkpoint_reentrant", "nested"):
         tokens, targets = data[0]
         run_block = None
-        if case == "checkpoint":
+        if case.startswith("checkpoint"):
             from torch.utils.checkpoint import checkpoint
             blocks = [model.blocks[i] for i in CHECKPOINTED]
+            reentrant = case == "checkpoint_reentrant"
 
             def run_block(block, x):
                 if any(block is b for b in blocks):
-                    return checkpoint(block, x, use_reentrant=False)
+                    return checkpoint(block, x, use_reentrant=reentrant)
                 return block(x)
         elif case == "nested":
             odd = list(model.blocks)[1::2]

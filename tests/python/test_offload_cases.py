@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The tracker under the autograd patterns training loops use besides a plain step, on real
-autograd in the CPU-emulation mode: non-reentrant activation checkpointing, two-microbatch
-gradient accumulation (interleaved, and two graphs alive at once) and nested offload scopes.
+autograd in the CPU-emulation mode: activation checkpointing (non-reentrant and reentrant),
+two-microbatch gradient accumulation (interleaved, and two graphs alive at once) and nested
+offload scopes.
 
 Each case (harness.py describes them and the child processes) trains models.build()'s
 transformer with VRAMSWAP_LIMIT at LIMIT_PERCENT[case] of the case's own peak without
@@ -21,6 +22,7 @@ import harness  # noqa: E402
 HORIZON = 2
 LIMIT_PERCENT = {  # of each case's peak without offload
     "checkpoint": 50,
+    "checkpoint_reentrant": 50,
     "accum_interleaved": 50,
     "accum_two_forwards": 50,
     "nested": 50,
