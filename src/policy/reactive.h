@@ -17,8 +17,9 @@
 // it (and the plan being followed does not want it out now).
 //
 //  * make_room, walking furthest first until the bytes leaving (evictions under way
-//    included) cover the request: drops clean blocks, evicts evictable ones; a small one
-//    (it shares granules with others) goes with every block on its granules, or not at all
+//    included) cover the request: drops clean blocks, evicts evictable ones; one that covers
+//    no granule whole (a small one, or one placed densely across two) goes with every block
+//    on its granules, or not at all
 //    (Note [A shared granule goes as a whole] in residency/engine_copies.cpp).
 //  * reclaim (the pool's reclaimer): completes landed copies; following a plan, drops its
 //    clean victims first (and stops there when it may not wait); then make_room. When it
@@ -58,7 +59,8 @@ struct BlockView {
   bool unpacked = false;
   bool cancelled = false;        // its eviction is under way but no longer wanted
   bool planned_out = false;      // following a plan: a victim the plan wants out now
-  bool shares_granules = false;  // placed below half a granule
+  bool shares_granules = false;  // covers no granule whole (below half a granule, or placed
+                                 // densely across two): it frees a page only with its mates
   uint64_t placed = 0;
 };
 

@@ -506,6 +506,13 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
 // there, all the evictable ones start their copies together and the granules' bytes count
 // as covered; otherwise none moves (the granule is not a victim yet) and the next
 // candidate is looked at.
+// The same holds for a block of one granule placed densely across two (after a step without
+// pressure: Note [A step without pressure] in pool/device_pool.h), each shared with a
+// neighbour: alone it frees no page, so it goes with the blocks on its granules
+// (shares_granules: it covers no granule whole). Belady's victims can be every other block
+// of such a run (backward's order is not the placement's): copied out one by one they freed
+// nothing, and an allocation ran out of memory with 12 MiB of them cold
+// (EngineTest.ABlockPlacedAcrossGranulesGoesWithTheBlocksOnThem).
 uint64_t Engine::Impl::evict_granule(uint32_t slot, const policy::Window& window) {
   const Slot& s = slots_[slot];
   if (pool_.shares_granule_with_ordinary(reinterpret_cast<void*>(s.addr))) return 0;

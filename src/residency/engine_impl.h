@@ -256,7 +256,13 @@ class Engine::Impl : private policy::ReactiveEngine {
   void background(const char* after);
   // A block below half a granule shares its granules with others (Note [Placing for
   // eviction] in device_pool.h); [*lo, *hi): the granules it touches.
-  bool shares_granules(const Slot& s) const { return s.placed < pool_.granularity() / 2; }
+  // Placed below half a granule, or placed densely (Note [A step without pressure] in
+  // pool/device_pool.h) across granules of which it covers none whole: giving it up alone
+  // frees no page, so it goes with the blocks on its granules or not at all.
+  bool shares_granules(const Slot& s) const {
+    const uint64_t g = pool_.granularity();
+    return s.placed < g / 2 || round_up(s.addr, g) + g > s.addr + s.placed;
+  }
   void granule_span(const Slot& s, uintptr_t* lo, uintptr_t* hi) const {
     const uint64_t g = pool_.granularity();
     *lo = s.addr / g * g;
