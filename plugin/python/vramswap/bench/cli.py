@@ -5,7 +5,9 @@ on cudasim in virtual time (no GPU, no torch).
         [--workers N] [--warmup N] [--disk GBPS] [--list]
       runs the named scenarios (default: scenarios.DEFAULT) under every policy and prints
       one table per scenario. A name that is an existing *.pickle file is a torch memory
-      snapshot, replayed as `replay` replays it, at the standard limits on the H100 card.
+      snapshot, and one that is an existing *.log file an operator log of the DTR
+      prototype (dtr.py), replayed as `replay` replays it, at the standard limits on the
+      H100 card.
       Files (results.json, table.txt/.md, memory.svg, timeline.svg, trace.json) go to
       DIR/<scenario>/ with --out, to bench/results/<scenario>/ with --results (which also
       rewrites bench/results/README.md), otherwise to vramswap-bench/<scenario>/ in the
@@ -19,7 +21,8 @@ on cudasim in virtual time (no GPU, no torch).
   replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS]
          [--duplex full|shared] [--soft-limit SIZE|PCT] [--warmup N]
          [--policy none|offload_all|vramswap] [--until PHASE] [--out DIR] [--json]
-      replays a torch memory snapshot (torch.cuda.memory._dump_snapshot) under vramswap at
+      replays a torch memory snapshot (torch.cuda.memory._dump_snapshot), or an operator
+      log of the DTR prototype (JSON lines; dtr.py), under vramswap at
       --limit (a size, or a percentage of the no-offload peak; default: the whole card) and,
       for context, under no offload and offload_all, and prints the table (--policy: that
       policy alone; a percentage limit still runs no offload for its peak, unshown).
@@ -146,7 +149,8 @@ def bench_parser():
                     "offload_all and vramswap at several limits and horizons, side by side.")
     p.add_argument("scenarios", nargs="*", metavar="SCENARIO",
                    help=f"scenario names (default: {scenarios.DEFAULT}; 'all' for every one; --list shows them), "
-                        "or paths of torch memory snapshots (*.pickle) to replay at the standard limits")
+                        "or paths of traces to replay at the standard limits (torch memory snapshots, *.pickle; DTR "
+                             "operator logs, *.log)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--out", metavar="DIR", type=Path,
                      help=f"write plots, trace and JSON to DIR/<scenario>/ (default: {DEFAULT_OUT}/ in the current "
@@ -200,7 +204,7 @@ def bench(argv):
             chosen[sc.name] = sc
         else:
             p.error(f"argument SCENARIO: unknown scenario {n!r} (known: {', '.join(scenarios.SCENARIOS)}, all; "
-                    "or the path of a snapshot, *.pickle)")
+                    "or the path of a trace: a snapshot, *.pickle, or a DTR operator log, *.log)")
     names = list(chosen)
     if args.results and args.quick:
         p.error("argument --results: bench/results holds full runs; leave out --quick")
@@ -419,9 +423,11 @@ def _must_show(done):
 def replay_parser():
     p = argparse.ArgumentParser(
         prog="python3 -m vramswap replay",
-        description="Replays a torch memory snapshot (torch.cuda.memory._dump_snapshot pickle) on cudasim in "
-                    "virtual time under vramswap, beside no offload and offload_all.")
-    p.add_argument("snapshot", metavar="SNAPSHOT", type=Path, help="the snapshot pickle")
+        description="Replays a torch memory snapshot (torch.cuda.memory._dump_snapshot pickle), or an operator "
+                    "log of the DTR prototype (JSON lines), on cudasim in virtual time under vramswap, beside no "
+                    "offload and offload_all.")
+    p.add_argument("snapshot", metavar="SNAPSHOT", type=Path,
+                   help="the snapshot pickle, or the operator log (its first line a DTR instruction)")
     p.add_argument("--limit", type=_size_or_percent, metavar="SIZE|PCT",
                    help="vramswap's limit: a size (12GiB) or a percentage of the no-offload peak (50%%); "
                         "default: the whole card")
@@ -490,13 +496,13 @@ def replay(argv):
     if args.card < (64 << 20) or args.card > (1 << 40):
         p.error("argument --card: the card must be from 64MiB to 1TiB (cudasim's range)")
     try:
-        from . import snapshot
+        from . import dtr, snapshot
     except ImportError as e:
-        print(f"vramswap replay: the snapshot reader is not available: {e}", file=sys.stderr)
+        print(f"vramswap replay: the trace readers are not available: {e}", file=sys.stderr)
         return 1
     try:
-        w = snapshot.load(args.snapshot).validate()
-    except (snapshot.SnapshotError, OSError) as e:  # these name the file, where and what is wrong
+        w = scenarios.load_trace(args.snapshot).validate()
+    except (snapshot.SnapshotError, dtr.DtrLogError, OSError) as e:  # these name the file, where and what is wrong
         print(f"vramswap replay: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - a snapshot check() let through: still no traceback

@@ -201,23 +201,34 @@ DEFAULT = "gpt-small"
 
 
 def is_snapshot_path(name):
-    """Whether a scenario name given on the command line is a snapshot file to replay (a
-    file that exists, named *.pickle)."""
+    """Whether a scenario name given on the command line is a trace file to replay (a file
+    that exists: a torch memory snapshot, *.pickle, or an operator log of the DTR
+    prototype, *.log)."""
     p = Path(name)
-    return p.suffix == ".pickle" and p.is_file()
+    return p.suffix in (".pickle", ".log") and p.is_file()
+
+
+def load_trace(path):
+    """The Workload of a trace file: an operator log of the DTR prototype (dtr.py) when its
+    first line is one of its instructions, else a torch memory snapshot (snapshot.py).
+    Raises the reader's error (dtr.DtrLogError, snapshot.SnapshotError) or OSError."""
+    from . import dtr
+    if dtr.is_log(path):
+        return dtr.load(path)
+    from . import snapshot
+    return snapshot.load(path)
 
 
 def snapshot_scenario(path, until=None):
-    """A scenario that replays the torch memory snapshot at `path` on the H100 card at the
+    """A scenario that replays the trace at `path` (load_trace) on the H100 card at the
     standard limits, as `vramswap replay` replays it (until: stop at the start of that
     phase, see truncate())."""
     path = Path(path)
 
     def make():
-        from . import snapshot
-        w = snapshot.load(path)
+        w = load_trace(path)
         return truncate(w, until) if until else w
-    return Scenario(path.stem, f"Replay of the torch memory snapshot {path.name}", make, **H100)
+    return Scenario(path.stem, f"Replay of {path.name}", make, **H100)
 
 
 def truncate(w, phase):
