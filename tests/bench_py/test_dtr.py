@@ -19,16 +19,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "plugin" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vramswap.bench import dtr, measure, scenarios  # noqa: E402
 
-failures = []
+import checks  # noqa: E402  (tests/bench_py/checks.py: the benchmark tests' reporting)
 
 
 def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
+    checks.check(what, cond)
 
 
 def raises(fn, *fragments):
@@ -199,7 +198,7 @@ def test_shipped(d):
 def test_replay(d):
     from vramswap import _lib
     if not _lib.library_path().is_file():
-        print(f"skipped: the replay (no {_lib.library_path()})")
+        checks.skip("the replay", f"no {_lib.library_path()}")
         return
     path = next(d.glob("resnet32-*.log"))
     env = dict(os.environ, PYTHONPATH=str(REPO / "plugin" / "python"))
@@ -225,13 +224,12 @@ def main():
         test_malformed(Path(tmp))
     d = shipped_dir()
     if d is None:
-        print("skipped: the shipped logs (no bench/traces/dtr/*.log)")
+        checks.skip("the shipped logs", "no bench/traces/dtr/*.log")
     else:
         test_shipped(d)
         test_replay(d)
-    print("PASS" if not failures else f"{len(failures)} check(s) failed")
-    return 0 if not failures else 1
+    checks.finish()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
