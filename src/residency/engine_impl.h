@@ -254,15 +254,15 @@ class Engine::Impl : private policy::ReactiveEngine {
   // Work a call does for later, after its own succeeded: landed copies, soft eviction.
   // A failure is logged, never returned: the call's result stands.
   void background(const char* after);
-  // A block below half a granule shares its granules with others (Note [Placing for
-  // eviction] in device_pool.h); [*lo, *hi): the granules it touches.
-  // Placed below half a granule, or placed densely (Note [A step without pressure] in
-  // pool/device_pool.h) across granules of which it covers none whole: giving it up alone
-  // frees no page, so it goes with the blocks on its granules or not at all.
+  // It covers no granule whole, so giving it up alone frees no page: it goes with the blocks
+  // on its granules or not at all. A block below half a granule (Note [Placing for eviction]
+  // in device_pool.h), or one placed densely across granules (Note [A step without
+  // pressure] there).
   bool shares_granules(const Slot& s) const {
     const uint64_t g = pool_.granularity();
     return s.placed < g / 2 || round_up(s.addr, g) + g > s.addr + s.placed;
   }
+  // [*lo, *hi): the granules it touches.
   void granule_span(const Slot& s, uintptr_t* lo, uintptr_t* hi) const {
     const uint64_t g = pool_.granularity();
     *lo = s.addr / g * g;
