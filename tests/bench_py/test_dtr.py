@@ -111,6 +111,11 @@ def test_small(tmp):
 def test_malformed(tmp):
     p = write(tmp / "no_backward.log", [r for r in small_log() if r.get("ANNOTATION") != "BACKWARD"])
     check(raises(lambda: dtr.load(p), str(p), "no BACKWARD annotation"), "a log without a BACKWARD annotation is refused")
+    recs = small_log()
+    backward_first = write(tmp / "backward_first.log", [recs[0], dict(ANNOTATE, ANNOTATION="BACKWARD")] + [
+        r for r in recs[1:] if r.get("ANNOTATION") != "BACKWARD"])
+    check(raises(lambda: dtr.load(backward_first), "no operator before the BACKWARD annotation"),
+          "a log whose backward starts before any operator is refused (it has no forward)")
     bad = tmp / "bad_json.log"
     bad.write_text(json.dumps(small_log()[0]) + "\n{not json\n")
     check(raises(lambda: dtr.load(bad), str(bad), "line 2", "not JSON"), "a line that is not JSON: file and line")

@@ -232,7 +232,9 @@ def load(path, name=None):
     # before the first operator that the step frees (its inputs) go last, just before the
     # forward; what the step made and still holds at its end (gradients, the loss) is freed
     # at its end, as optimizer.zero_grad(set_to_none=True) and the next iteration do.
-    first_op = next(k for k, ev in enumerate(events) if ev[0] == "phase" and ev[1] == "forward")
+    first_op = next((k for k, ev in enumerate(events) if ev[0] == "phase" and ev[1] == "forward"), None)
+    if first_op is None:
+        raise DtrLogError(f"{path}: no operator before the BACKWARD annotation: the log has no forward")
     prelude = events[1:first_op]
     if all(ev[0] == "alloc" for ev in prelude):  # else left as it is (then not repeatable)
         events[1:first_op] = ([ev for ev in prelude if ev[1].freed is None] +
