@@ -24,7 +24,7 @@ bool droppable(const BlockView& b, bool in_window) {
 }
 
 Room room_for(const BlockView& b, bool in_window) {
-  if (droppable(b, in_window)) return b.shares_granules ? Room::kEvictGranule : Room::kDrop;
+  if (droppable(b, in_window)) return Room::kDrop;
   if (!evictable(b, in_window)) return Room::kPass;
   return b.shares_granules ? Room::kEvictGranule : Room::kEvict;
 }
@@ -65,7 +65,6 @@ uint64_t Reactive::drop_clean(uint64_t bytes, uint32_t except, bool window_too) 
     if (slot == except) return true;
     const BlockView b = engine_.view(slot);
     if (!droppable(b, w.count(slot))) return true;
-    if (b.shares_granules && !engine_.granule_away(slot, w)) return true;  // it would free nothing
     dropped += engine_.drop(slot);
     return true;
   });

@@ -100,9 +100,6 @@ class ReactiveEngine {
   // A small victim's granules: evicts it with every block that joins it there, when no
   // block holds them; the granules' bytes, or 0 (nothing moved).
   virtual uint64_t evict_granule(uint32_t slot, const Window& window) = 0;
-  // A small clean block's granules: whether every other block on them is away or clean, so
-  // that dropping them all frees the pages now.
-  virtual bool granule_away(uint32_t slot, const Window& window) const = 0;
   // Device bytes unmapped ever (drop's): what reclaiming freed is its growth.
   virtual uint64_t unmapped_total() const = 0;
   // Bytes of the evictions under way that are still wanted.

@@ -143,8 +143,7 @@ struct EngineStats {
   uint64_t tagged_bytes = 0;          // live tagged blocks, as placed (allocate_offloadable)
   uint64_t evictable_bytes = 0;       // cold, resident, outside the prefetch window
   uint64_t clean_bytes = 0;           // copied to the host and still mapped: given up at once
-                                      // when memory is needed (a small block with the others
-                                      // on its granules)
+                                      // when memory is needed
   uint64_t evicted_bytes = 0;         // on the host only now (evicted or fetching)
   uint64_t in_flight_bytes = 0;       // being copied either way
   uint64_t host_bytes = 0;            // host tier in use

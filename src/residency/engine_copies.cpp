@@ -513,20 +513,12 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
 // of such a run (backward's order is not the placement's): copied out one by one they freed
 // nothing, and an allocation ran out of memory with 12 MiB of them cold
 // (EngineTest.ABlockPlacedAcrossGranulesGoesWithTheBlocksOnThem).
-// A clean block (copied out ahead of need by the soft watermark, or by the plan) is given up
-// the same way: with the blocks on its granules, or not at all. Dropped one by one, clean
-// blocks on a granule that another block kept mapped freed nothing and were fetched back
-// later for nothing (the DTR prototype's TreeLSTM log: 62 MiB of blocks on the host under
-// granules still mapped; EngineTest.ASharedGranuleWithABlockInUseIsNotAVictim). So a
-// clean small block is dropped by drop_clean only when every other block on its granules is
-// away or clean too (granule_away), and by evict_granule with the others when none must
-// still be copied out.
-bool Engine::Impl::granule_mates(uint32_t slot, const policy::Window& window, std::vector<uint32_t>* joining,
-                                 std::vector<uint32_t>* clean) const {
+uint64_t Engine::Impl::evict_granule(uint32_t slot, const policy::Window& window) {
   const Slot& s = slots_[slot];
-  if (pool_.shares_granule_with_ordinary(reinterpret_cast<void*>(s.addr))) return false;
+  if (pool_.shares_granule_with_ordinary(reinterpret_cast<void*>(s.addr))) return 0;
   uintptr_t lo, hi;
   granule_span(s, &lo, &hi);
+  std::vector<uint32_t> group;
   // A block starting before `lo` may run onto it: start the walk at the one before.
   auto it = by_addr_.lower_bound(lo);
   if (it != by_addr_.begin()) --it;
@@ -535,43 +527,16 @@ bool Engine::Impl::granule_mates(uint32_t slot, const policy::Window& window, st
     if (!m.live || m.addr + m.placed <= lo) continue;
     switch (policy::granule_mate(view(it->second), window.count(it->second))) {
       case policy::Mate::kJoins:
-        joining->push_back(it->second);
+        group.push_back(it->second);
         break;
-      case policy::Mate::kAway:  // gone, going, or clean (given up with the others)
-        if (m.residency == Residency::kClean) clean->push_back(it->second);
+      case policy::Mate::kAway:
         break;
       case policy::Mate::kHolds:
-        return false;  // in use, in the window or fetching: the page stays
+        return 0;  // in use, in the window or fetching: the page stays
     }
   }
-  return true;
-}
-
-bool Engine::Impl::granule_away(uint32_t slot, const policy::Window& window) const {
-  std::vector<uint32_t> joining, clean;
-  if (!granule_mates(slot, window, &joining, &clean)) return false;
-  for (uint32_t m : joining)
-    if (m != slot) return false;
-  for (uint32_t m : in_flight_)
-    if (m != slot && slots_[m].residency == Residency::kEvicting && overlaps_granules(slots_[slot], slots_[m]))
-      return false;  // a mate still on its way out: dropped now, this one would free nothing yet
-  return true;
-}
-
-uint64_t Engine::Impl::evict_granule(uint32_t slot, const policy::Window& window) {
-  uintptr_t lo, hi;
-  granule_span(slots_[slot], &lo, &hi);
-  std::vector<uint32_t> joining, clean;
-  if (!granule_mates(slot, window, &joining, &clean)) return 0;
-  for (uint32_t m : joining)
+  for (uint32_t m : group)
     if (!start_eviction(m)) return 0;  // the host tier is full: what started frees later
-  // Nothing left to copy: the clean ones go now (else drop_clean takes them once the
-  // copies started here have landed).
-  if (joining.empty()) {
-    uint64_t freed = 0;
-    for (uint32_t m : clean) freed += drop(m);
-    return freed;
-  }
   return hi - lo;
 }
 

@@ -343,18 +343,6 @@ class Engine::Impl : private policy::ReactiveEngine {
   // ordinary block lives there), and returns the bytes that will free; else evicts nothing
   // and returns 0 (Note [A shared granule goes as a whole]).
   uint64_t evict_granule(uint32_t slot, const policy::Window& window) override;
-  bool granule_away(uint32_t slot, const policy::Window& window) const override;
-  // The blocks on a small block's granules (Note [A shared granule goes as a whole]): false
-  // when one keeps them mapped (or an ordinary block lives there); else those still to be
-  // copied out (`joining`) and those clean (`clean`), the block itself included.
-  bool granule_mates(uint32_t slot, const policy::Window& window, std::vector<uint32_t>* joining,
-                     std::vector<uint32_t>* clean) const;
-  bool overlaps_granules(const Slot& a, const Slot& b) const {
-    uintptr_t alo, ahi, blo, bhi;
-    granule_span(a, &alo, &ahi);
-    granule_span(b, &blo, &bhi);
-    return alo < bhi && blo < ahi;
-  }
   // After a fetch of a small block (below half a granule: it shares its granule) started:
   // starts the fetches of the evicted blocks that lie wholly on the granules it needed, now
   // mapped for it (Note [A shared granule comes back whole]).

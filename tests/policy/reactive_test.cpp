@@ -51,10 +51,6 @@ TEST(ReactiveRules, OneBlock) {
       {"small cold resident", with(block(S::kResident), [](BlockView& b) { b.shares_granules = true; }), false, true,
        false, Room::kEvictGranule, Mate::kJoins},
       {"clean", block(S::kClean), false, false, false, Room::kDrop, Mate::kAway},
-      // A small clean block frees a page only with the others on it (Note [A shared granule
-      // goes as a whole]).
-      {"small clean", with(block(S::kClean), [](BlockView& b) { b.shares_granules = true; }), false, false, false,
-       Room::kEvictGranule, Mate::kAway},
       {"clean in the window", block(S::kClean), true, false, true, Room::kPass, Mate::kHolds},
       {"clean in the window, planned out", with(block(S::kClean), [](BlockView& b) { b.planned_out = true; }), true,
        false, false, Room::kDrop, Mate::kHolds},
@@ -125,7 +121,6 @@ class FakeEngine final : public ReactiveEngine {
     log.push_back("granule " + std::to_string(slot) + (window.count(slot) ? " (in the window)" : ""));
     return granule_bytes;
   }
-  bool granule_away(uint32_t, const Window&) const override { return granule_is_away; }
   uint64_t unmapped_total() const override { return unmapped_; }
   uint64_t leaving_bytes() const override {
     uint64_t n = 0;
@@ -190,7 +185,6 @@ class FakeEngine final : public ReactiveEngine {
   std::vector<std::string> log;
   int host_room = 1000;
   uint64_t granule_bytes = 0;
-  bool granule_is_away = true;  // granule_away()'s answer
   uint64_t mapped = 0, memory = UINT64_MAX, soft = UINT64_MAX;
 
  private:
