@@ -150,7 +150,7 @@ def bench_parser():
     p.add_argument("scenarios", nargs="*", metavar="SCENARIO",
                    help=f"scenario names (default: {scenarios.DEFAULT}; 'all' for every one; --list shows them), "
                         "or paths of traces to replay at the standard limits (torch memory snapshots, *.pickle; DTR "
-                             "operator logs, *.log)")
+                        "operator logs, *.log)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--out", metavar="DIR", type=Path,
                      help=f"write plots, trace and JSON to DIR/<scenario>/ (default: {DEFAULT_OUT}/ in the current "
@@ -194,8 +194,8 @@ def bench(argv):
     for n in names:
         if n in scenarios.SCENARIOS:
             chosen[n] = scenarios.SCENARIOS[n]
-        elif scenarios.is_snapshot_path(n):
-            sc = scenarios.snapshot_scenario(n)
+        elif scenarios.is_trace_path(n):
+            sc = scenarios.trace_scenario(n)
             try:
                 sc.workload()
             except Exception as e:  # noqa: BLE001 - the reader's errors name the file; no traceback

@@ -84,8 +84,8 @@ def is_log(path):
     """Whether `path` is a file whose first line is a DTR instruction."""
     try:
         with open(path, encoding="utf-8") as f:
-            first = f.readline()
-        return isinstance(json.loads(first), dict) and "INSTRUCTION" in json.loads(first)
+            first = json.loads(f.readline())
+        return isinstance(first, dict) and "INSTRUCTION" in first
     except (OSError, UnicodeDecodeError, ValueError):
         return False
 

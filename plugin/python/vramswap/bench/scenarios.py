@@ -200,7 +200,7 @@ SCENARIOS = {s.name: s for s in (
 DEFAULT = "gpt-small"
 
 
-def is_snapshot_path(name):
+def is_trace_path(name):
     """Whether a scenario name given on the command line is a trace file to replay (a file
     that exists: a torch memory snapshot, *.pickle, or an operator log of the DTR
     prototype, *.log)."""
@@ -219,7 +219,7 @@ def load_trace(path):
     return snapshot.load(path)
 
 
-def snapshot_scenario(path, until=None):
+def trace_scenario(path, until=None):
     """A scenario that replays the trace at `path` (load_trace) on the H100 card at the
     standard limits, as `vramswap replay` replays it (until: stop at the start of that
     phase, see truncate())."""
