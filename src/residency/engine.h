@@ -242,8 +242,10 @@ class Engine {
   // blocks add up to: "" when all hold, else each broken one. Thread-safe.
   std::string check_invariants() const;
 
-  // One sentence for an out-of-memory report: resident tagged, untagged, evictable and
-  // in-flight bytes, and the host tier's use. Thread-safe.
+  // For an out-of-memory report: resident tagged, untagged, evictable and in-flight bytes,
+  // and the host tier's use; and, where there are any, the mapped granules that cold or
+  // evicted blocks cannot free because another block on them must stay (Note [Granules
+  // that cannot go] in engine_reclaim.cpp). Walks every block of the pool. Thread-safe.
   std::string pressure_report() const;
 
   // The device of a handle (its top byte), for routing; -1 for 0.

@@ -151,6 +151,9 @@ class Engine::Impl : private policy::ReactiveEngine {
     return tagged_.count(reinterpret_cast<uintptr_t>(ptr)) == 1;
   }
   std::string pressure_report();
+  // The part of pressure_report() on mapped granules whose cold or away blocks cannot free
+  // them (Note [Granules that cannot go] in engine_reclaim.cpp); empty when there are none.
+  std::string granules_that_cannot_go();
   pool::Result free_tagged(void* ptr, cudaStream_t stream);
   uint64_t pack(const void* ptr, cudaStream_t stream);
   void graph_begin() {

@@ -48,6 +48,64 @@ bool Engine::Impl::prefetch(uint32_t slot, bool ahead) {
   return true;
 }
 
+// Note [Granules that cannot go]
+// ------------------------------
+// A granule's pages are unmapped only when every block on it can leave (Note [A shared
+// granule goes as a whole] in engine_copies.cpp). Tagged blocks below half a granule share
+// granules, with each other and, once the last-resort rule placed them so, with ordinary
+// blocks; when each granule under the cold ones also holds a block that must stay (in use,
+// untagged, or tagged and never saved), an allocation runs out of memory with megabytes
+// evictable, or already on the host, and evicting them frees nothing. The report says so,
+// with the numbers, so that "evictable" and "on the host" beside an out-of-memory explain
+// themselves: the DTR prototype's TreeLSTM log at 90% of its peak ran out of memory with
+// 29.9 MiB evictable and 62 MiB on the host, its saved 120 KB tensors among as many that
+// were never saved, and the report said nothing of why.
+std::string Engine::Impl::granules_that_cannot_go() {
+  const pool::DevicePool::MemoryView memory = pool_.memory_view();  // the pool's lock, not ours
+  std::set<uintptr_t> can_go;  // tagged blocks whose pages may go now: evictable or clean
+  {
+    std::lock_guard lock(mu_);
+    const policy::Window window = policy::window_of(order_, options_.horizon);
+    for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+      const Slot& s = slots_[slot];
+      if (s.live && (s.residency == Residency::kClean || policy::evictable(view(slot), window.count(slot))))
+        can_go.insert(s.addr);
+    }
+  }
+  const uint64_t g = pool_.granularity();
+  // Per mapped granule (index): bit 1, a block on it is away or may go; bit 2, one must stay.
+  std::unordered_map<uint64_t, uint8_t> granules;
+  for (const auto& [addr, bytes] : memory.mapped)
+    for (uint64_t i = addr / g; i < (addr + bytes) / g; ++i) granules[i] = 0;
+  using State = pool::DevicePool::BlockView::State;
+  auto on_granules = [&](const pool::DevicePool::BlockView& b, auto&& fn) {
+    for (uint64_t i = b.addr / g; i <= (b.addr + b.size - 1) / g; ++i)
+      if (auto it = granules.find(i); it != granules.end()) fn(it->second);
+  };
+  for (const auto& b : memory.blocks) {
+    if (b.state != State::kLive || b.size == 0) continue;
+    const uint8_t bit = b.away || can_go.count(b.addr) ? 1 : 2;
+    on_granules(b, [bit](uint8_t& f) { f |= bit; });
+  }
+  uint64_t held = 0;
+  for (const auto& [index, f] : granules) held += f == 3;
+  if (held == 0) return "";
+  uint64_t away = 0, evictable = 0;  // bytes of such blocks on the granules held
+  for (const auto& b : memory.blocks) {
+    if (b.state != State::kLive || b.size == 0 || !(b.away || can_go.count(b.addr))) continue;
+    bool on_held = false;
+    on_granules(b, [&](uint8_t& f) { on_held |= f == 3; });
+    if (on_held) (b.away ? away : evictable) += b.size;
+  }
+  std::string blocks;
+  if (away > 0) blocks = format_size(away) + " of blocks already on the host";
+  if (evictable > 0) blocks += (blocks.empty() ? "" : " and ") + format_size(evictable) + " of cold blocks";
+  return " " + std::to_string(held) + (held == 1 ? " granule" : " granules") + " (" + format_size(held * g) +
+         (held == 1 ? ") stays" : ") stay") + " mapped under " + blocks + ", because another block on each is in use, untagged, or tagged and "
+         "never saved: a granule's pages are freed only when every block on it can go, and tagged blocks below "
+         "half a granule (" + format_size(g / 2) + ") share granules.";
+}
+
 std::string Engine::Impl::pressure_report() {
   const EngineStats s = stats();
   const pool::PoolStats ps = pool_.stats();
@@ -60,7 +118,7 @@ std::string Engine::Impl::pressure_report() {
          (disk_ ? " (" + format_size(s.disk_bytes) + " of it moved on to the disk tier in " + disk_->dir() + ")" : "") +
          "; host tier " + format_size(s.host_bytes) + " used of " + format_size(host_.limit_bytes()) + "." +
          (host_refusal_.empty() ? "" : " Eviction stopped: " + host_refusal_ + ".") +  // the latest reason
-         (disk_refusal_.empty() ? "" : " No disk tier: " + disk_refusal_ + ".");
+         (disk_refusal_.empty() ? "" : " No disk tier: " + disk_refusal_ + ".") + granules_that_cannot_go();
 }
 
 }  // namespace vramswap::residency

@@ -576,6 +576,59 @@ TEST_F(EngineTest, ASharedGranuleWithABlockInUseIsNotAVictim) {
   EXPECT_EQ("", pool_->check_invariants());
 }
 
+// An out-of-memory explains itself (Note [Granules that cannot go] in engine_reclaim.cpp):
+// with cold blocks evictable and the allocation refused all the same, the report says which
+// granules stay mapped and why, and once the block holding them is cold it says nothing of
+// the kind. (The DTR prototype's TreeLSTM log ran out of memory with 29.9 MiB "evictable"
+// and 62 MiB "on the host", and the report did not say why neither could help.)
+TEST_F(EngineTest, AnOutOfMemoryNamesTheGranulesItsColdBlocksCannotFree) {
+  EngineOptions options;
+  options.horizon = 0;
+  const size_t granule = 2 * kMiB;
+  start(2 * granule, options);
+  const size_t small = 256 * 1024;
+  Saved saved = save_cold(7, 80, small);
+  saved.blocks.push_back(tagged(80 + 7, small));  // packed, not cold: in use
+  saved.handles.push_back(engine_->pack(saved.blocks.back(), stream_));
+  ASSERT_NE(0u, saved.handles.back());
+  std::string error;
+  EXPECT_EQ(nullptr, pool_->allocate(2 * granule - kMiB, stream_, &error));
+  const std::string report = engine_->pressure_report();
+  EXPECT_NE(std::string::npos,
+            report.find("1 granule (2 MiB) stays mapped under 1.75 MiB of cold blocks, because another block on "
+                        "each is in use, untagged, or tagged and never saved"))
+      << report;
+  ASSERT_TRUE(engine_->mark_cold(saved.handles[7], stream_).ok);
+  EXPECT_EQ(std::string::npos, engine_->pressure_report().find("stays mapped")) << "every block on it may go now";
+  unpack_all(saved, 80, small);
+  release_all(saved);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+// The same with the cold blocks already copied out ahead (the soft limit): dropped one by
+// one while block 7 holds their granule (DESIGN.md, A shared granule goes as a whole: still
+// open), they are on the host and their page is not free; the report says so.
+TEST_F(EngineTest, AnOutOfMemoryNamesTheGranulesBlocksOnTheHostLeftMapped) {
+  const size_t granule = 2 * kMiB;
+  start_soft(2 * granule, 256 * 1024, 0);
+  const size_t small = 256 * 1024;
+  Saved saved = save_cold(7, 90, small);
+  saved.blocks.push_back(tagged(90 + 7, small));
+  saved.handles.push_back(engine_->pack(saved.blocks.back(), stream_));
+  ASSERT_NE(0u, saved.handles.back());
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  std::string error;
+  EXPECT_EQ(nullptr, pool_->allocate(2 * granule - kMiB, stream_, &error));
+  const EngineStats st = stats();
+  const std::string report = engine_->pressure_report();
+  EXPECT_NE(0u, st.evicted_bytes) << report;
+  EXPECT_NE(std::string::npos, report.find("1 granule (2 MiB) stays mapped under 1.75 MiB of blocks already on the host"))
+      << report;
+  unpack_all(saved, 90, small);
+  release_all(saved);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
 // A step without pressure makes the next place densely (Note [A step without pressure] in
 // pool/device_pool.h): a block of one granule then lies across two, sharing each with a
 // neighbour. When that step meets the limit after all, giving such a block up alone frees no
