@@ -73,14 +73,22 @@ void DevicePool::Impl::empty_cache() {
 }
 
 std::string DevicePool::Impl::oom_report(size_t requested, uint64_t rounded, const std::string& why) const {
-  uint64_t cached_free = 0;  // mapped bytes in no live block
-  cached_free = reserved_ > allocated_ ? reserved_ - allocated_ : 0;
+  // Blocks given up (unmap_block) are allocated and hold no page (but for granules they
+  // share with blocks in use): what is reserved and free is counted from the others.
+  uint64_t away = 0;
+  if (away_blocks_ > 0)
+    for (const auto& [addr, b] : blocks_)
+      if (b.state == State::kLive && b.away) away += b.size;
+  const uint64_t in_use = allocated_ - std::min(away, allocated_);
+  const uint64_t cached_free = reserved_ > in_use ? reserved_ - in_use : 0;  // mapped bytes in no block in use
   size_t device_free = 0, device_total = 0;
   cuda::device_memory(device_, &device_free, &device_total);
   return "out of memory on device " + std::to_string(device_) + ": cannot allocate " + format_size(requested) + " (" +
          std::to_string(requested) + " bytes, " + std::to_string(rounded) + " rounded) within " + why +
          ". Limit " + format_size(limit_) + " of a " + format_size(card_bytes_) + " card; pool: " +
-         format_size(allocated_) + " allocated, " + format_size(reserved_) + " reserved (mapped), " +
+         format_size(allocated_) + " allocated" +
+         (away > 0 ? " (" + format_size(away) + " of it in blocks given up to offload, their pages unmapped)" : "") +
+         ", " + format_size(reserved_) + " reserved (mapped), " +
          format_size(cached_free) + " reserved but free; the device reports " + format_size(device_free) +
          " free. Free tensors or lower the batch size, or raise VRAMSWAP_LIMIT.";
 }
