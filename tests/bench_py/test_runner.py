@@ -15,7 +15,7 @@ What it holds the runner to (the issue's "must show"), on a small GPT step from 
     VRAMSWAP_SOFT_LIMIT=95% it completes within the limit;
   * the same run twice gives the same numbers (virtual time is deterministic);
   * under no offload on a card smaller than the peak, the run reports an out-of-memory at
-    an op, with vramswap's message (no crash);
+    an op, with vramswap's message (no crash), and the table shows the message;
   * the Chrome trace of a run is JSON with complete ("X") events;
   * `vramswap replay --json` of the MAGMA27 snapshot reports the trace's peak live bytes,
     12,550,078,464 B (skipped when bench/traces, or VRAMSWAP_TRACES_DIR, lacks the file);
@@ -210,6 +210,8 @@ def main():
     check("no offload on a smaller card reports an out-of-memory at an op",
           oom["status"] == "oom" and isinstance(oom["error_op"], int) and "out of memory" in (oom["error"] or ""),
           f"status {oom['status']}, op {oom['error_op']}, error {oom['error']!r}")
+    shown = report.table([none, oom])
+    check("the table says why a run ran out of memory, under it", f"why none stopped: {oom['error']}" in shown, shown)
 
     # The report's files: the Chrome trace parses, with complete events.
     with tempfile.TemporaryDirectory() as d:

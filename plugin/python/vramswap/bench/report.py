@@ -116,7 +116,9 @@ def row(r, reference=None):
 
 def notes(results):
     """The lines under a table: what was measured (steady step or first step, and why a
-    workload could not be repeated), and each limit no policy can fit."""
+    workload could not be repeated), each limit no policy can fit, and why each run that did
+    not complete stopped (vramswap's out-of-memory report: the numbers, and why eviction
+    could not help)."""
     out = []
     warm = sorted({r["warmup_steps"] for r in results if r.get("warmup_steps")})
     if warm:
@@ -130,6 +132,13 @@ def notes(results):
             infeasible.setdefault(r["bound_note"], []).append(run_name(r))
     for why, names in infeasible.items():
         out.append(f"bound of {', '.join(dict.fromkeys(names))}: {why}")
+    names = [run_name(r) for r in results]
+    for r in results:
+        if r["status"] != "ok" and r.get("error"):
+            name = run_name(r)
+            if names.count(name) > 1 and r.get("horizon") is not None:
+                name += f", horizon {r['horizon']}"
+            out.append(f"why {name} stopped: {r['error']}")
     for r in results:
         if r.get("disk_gbps") and r["status"] == "ok":
             out.append(f"{run_name(r)}: pinned tier {fmt_bytes(r['host_limit_bytes'])}, disk at {r['disk_gbps']:g} GB/s: "
