@@ -100,10 +100,11 @@ std::string Engine::Impl::granules_that_cannot_go() {
   std::string blocks;
   if (away > 0) blocks = format_size(away) + " of blocks already on the host";
   if (evictable > 0) blocks += (blocks.empty() ? "" : " and ") + format_size(evictable) + " of cold blocks";
-  return " " + std::to_string(held) + (held == 1 ? " granule" : " granules") + " (" + format_size(held * g) +
-         (held == 1 ? ") stays" : ") stay") + " mapped under " + blocks + ", because another block on each is in use, untagged, or tagged and "
-         "never saved: a granule's pages are freed only when every block on it can go, and tagged blocks below "
-         "half a granule (" + format_size(g / 2) + ") share granules.";
+  return " " + std::to_string(held) + (held == 1 ? " granule (" : " granules (") + format_size(held * g) +
+         (held == 1 ? ") stays" : ") stay") + " mapped under " + blocks +
+         ", because another block on each is in use, untagged, or tagged and never saved: a granule's pages are "
+         "freed only when every block on it can go, and tagged blocks below half a granule (" +
+         format_size(g / 2) + ") share granules.";
 }
 
 std::string Engine::Impl::pressure_report() {

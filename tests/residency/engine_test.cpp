@@ -622,7 +622,8 @@ TEST_F(EngineTest, AnOutOfMemoryNamesTheGranulesBlocksOnTheHostLeftMapped) {
   const EngineStats st = stats();
   const std::string report = engine_->pressure_report();
   EXPECT_NE(0u, st.evicted_bytes) << report;
-  EXPECT_NE(std::string::npos, report.find("1 granule (2 MiB) stays mapped under 1.75 MiB of blocks already on the host"))
+  EXPECT_NE(std::string::npos,
+            report.find("1 granule (2 MiB) stays mapped under 1.75 MiB of blocks already on the host"))
       << report;
   unpack_all(saved, 90, small);
   release_all(saved);
