@@ -62,18 +62,18 @@ bool Engine::Impl::prefetch(uint32_t slot, bool ahead) {
 // were never saved, and the report said nothing of why.
 std::string Engine::Impl::granules_that_cannot_go() {
   const pool::DevicePool::MemoryView memory = pool_.memory_view();  // the pool's lock, not ours
-  std::set<uintptr_t> can_go;  // tagged blocks whose pages may go now: evictable or clean
+  // Tagged blocks that let their granules go, as make_room judges a granule's mates
+  // (policy::granule_mate): evictable, or away, on the way out, or clean and cold.
+  std::set<uintptr_t> can_go;
   {
     std::lock_guard lock(mu_);
     const policy::Window window = policy::window_of(order_, options_.horizon);
-    for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
-      const Slot& s = slots_[slot];
-      if (s.live && (s.residency == Residency::kClean || policy::evictable(view(slot), window.count(slot))))
-        can_go.insert(s.addr);
-    }
+    for (uint32_t slot = 0; slot < slots_.size(); ++slot)
+      if (slots_[slot].live && policy::granule_mate(view(slot), window.count(slot)) != policy::Mate::kHolds)
+        can_go.insert(slots_[slot].addr);
   }
   const uint64_t g = pool_.granularity();
-  // Per mapped granule (index): bit 1, a block on it is away or may go; bit 2, one must stay.
+  // Per mapped granule (index): bit 1, a block on it lets it go; bit 2, one must stay.
   std::unordered_map<uint64_t, uint8_t> granules;
   for (const auto& [addr, bytes] : memory.mapped)
     for (uint64_t i = addr / g; i < (addr + bytes) / g; ++i) granules[i] = 0;
@@ -84,7 +84,7 @@ std::string Engine::Impl::granules_that_cannot_go() {
   };
   for (const auto& b : memory.blocks) {
     if (b.state != State::kLive || b.size == 0) continue;
-    const uint8_t bit = b.away || can_go.count(b.addr) ? 1 : 2;
+    const uint8_t bit = can_go.count(b.addr) ? 1 : 2;
     on_granules(b, [bit](uint8_t& f) { f |= bit; });
   }
   uint64_t held = 0;
@@ -92,7 +92,7 @@ std::string Engine::Impl::granules_that_cannot_go() {
   if (held == 0) return "";
   uint64_t away = 0, evictable = 0;  // bytes of such blocks on the granules held
   for (const auto& b : memory.blocks) {
-    if (b.state != State::kLive || b.size == 0 || !(b.away || can_go.count(b.addr))) continue;
+    if (b.state != State::kLive || b.size == 0 || !can_go.count(b.addr)) continue;
     bool on_held = false;
     on_granules(b, [&](uint8_t& f) { on_held |= f == 3; });
     if (on_held) (b.away ? away : evictable) += b.size;

@@ -555,9 +555,7 @@ TEST_F(EngineTest, ASharedGranuleWithABlockInUseIsNotAVictim) {
   const size_t granule = 2 * kMiB;
   start(2 * granule, options);
   const size_t small = 256 * 1024;
-  Saved saved = save_cold(7, 50, small);
-  saved.blocks.push_back(tagged(50 + 7, small));  // packed, not cold: in use
-  saved.handles.push_back(engine_->pack(saved.blocks.back(), stream_));
+  Saved saved = save_cold_beside_one_in_use(7, 50, small);  // block 7 in use
   ASSERT_NE(0u, saved.handles.back());
   ASSERT_EQ(granule, pool_->stats().mapped_bytes);
   std::string error;
@@ -587,9 +585,7 @@ TEST_F(EngineTest, AnOutOfMemoryNamesTheGranulesItsColdBlocksCannotFree) {
   const size_t granule = 2 * kMiB;
   start(2 * granule, options);
   const size_t small = 256 * 1024;
-  Saved saved = save_cold(7, 80, small);
-  saved.blocks.push_back(tagged(80 + 7, small));  // packed, not cold: in use
-  saved.handles.push_back(engine_->pack(saved.blocks.back(), stream_));
+  Saved saved = save_cold_beside_one_in_use(7, 80, small);  // block 7 in use
   ASSERT_NE(0u, saved.handles.back());
   std::string error;
   EXPECT_EQ(nullptr, pool_->allocate(2 * granule - kMiB, stream_, &error));
@@ -612,9 +608,7 @@ TEST_F(EngineTest, AnOutOfMemoryNamesTheGranulesBlocksOnTheHostLeftMapped) {
   const size_t granule = 2 * kMiB;
   start_soft(2 * granule, 256 * 1024, 0);
   const size_t small = 256 * 1024;
-  Saved saved = save_cold(7, 90, small);
-  saved.blocks.push_back(tagged(90 + 7, small));
-  saved.handles.push_back(engine_->pack(saved.blocks.back(), stream_));
+  Saved saved = save_cold_beside_one_in_use(7, 90, small);  // block 7 in use
   ASSERT_NE(0u, saved.handles.back());
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
   std::string error;

@@ -99,6 +99,15 @@ class EngineFixture : public ::testing::Test {
     }
     return saved;
   }
+  // save_cold() of `n` blocks, then one more block (seed + n) packed and not marked cold: in
+  // use, it keeps a granule it shares with them mapped.
+  Saved save_cold_beside_one_in_use(int n, uint8_t seed, size_t size) {
+    Saved saved = save_cold(n, seed, size);
+    saved.blocks.push_back(tagged(uint8_t(seed + n), size));
+    saved.handles.push_back(engine_->pack(saved.blocks.back(), stream_));
+    EXPECT_NE(0u, saved.handles.back());
+    return saved;
+  }
   // Backward over save_cold()'s blocks: each unpacked, last saved first, and checked to hold
   // its pattern.
   void unpack_all(const Saved& saved, uint8_t seed, size_t size = kBlock) {
