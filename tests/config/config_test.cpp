@@ -22,7 +22,10 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include "config/config.h"
 
@@ -596,7 +599,33 @@ TEST(Apply, RefusedValueLeavesThePreviousValue) {
 
 // --- from_environment(): the only function that reads the process ---
 
+// Takes every VRAMSWAP_* variable out of the process's environment for the scope and puts
+// them back after, so that what the test sets is all from_environment() sees, whatever the
+// shell that runs the suite has set.
+class EnvironmentWithoutVramswap {
+ public:
+  EnvironmentWithoutVramswap() {
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string entry(*e);
+      if (entry.starts_with("VRAMSWAP_")) {
+        size_t eq = entry.find('=');
+        saved_.emplace_back(entry.substr(0, eq), eq == std::string::npos ? "" : entry.substr(eq + 1));
+      }
+    }
+    for (const auto& [name, value] : saved_) unsetenv(name.c_str());
+  }
+  ~EnvironmentWithoutVramswap() {
+    for (const auto& [name, value] : saved_) setenv(name.c_str(), value.c_str(), 1);
+  }
+  EnvironmentWithoutVramswap(const EnvironmentWithoutVramswap&) = delete;
+  EnvironmentWithoutVramswap& operator=(const EnvironmentWithoutVramswap&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::string>> saved_;
+};
+
 TEST(FromEnvironment, ReadsVramswapVariables) {
+  EnvironmentWithoutVramswap clean;
   ASSERT_EQ(setenv("VRAMSWAP_LOG", "error", 1), 0);
   ASSERT_EQ(setenv("VRAMSWAP_LIMIT", "12XB", 1), 0);
   ASSERT_EQ(setenv("VRAMSWAP_LOGG", "x", 1), 0);

@@ -6,7 +6,7 @@ clear errors, before anything runs.
                without VRAMSWAP_TORCH_DEVICE=cpu-sim) exits with status 2 before the script
                runs, printing the error line the LD_PRELOAD library prints for the same
                environment (compared with its own output when the preload library is at
-               VRAMSWAP_PRELOAD_LIBRARY), one per bad value; an unknown VRAMSWAP_* variable
+               SUITE_PRELOAD_LIBRARY), one per bad value; an unknown VRAMSWAP_* variable
                is only the library's warning and the script runs.
   import       `import vramswap` with VRAMSWAP_TORCH_DEVICE=cpu-sim and a bad value stops the
                program the same way; VRAMSWAP_TORCH_DEVICE=cpu is refused by `import vramswap`
@@ -35,7 +35,7 @@ clear errors, before anything runs.
 
 Usage: python3 tests/python/test_config_errors.py [CASE...]   (exit status 0: every check held)
 Paths: VRAMSWAP_LIBRARY, VRAMSWAP_CUDASIM_DIR, VRAMSWAP_CACHE_DIR (as test_cpu_emulation.py);
-VRAMSWAP_PRELOAD_LIBRARY (optional) for the comparison with the preload's message.
+SUITE_PRELOAD_LIBRARY (optional) for the comparison with the preload's message.
 """
 import os
 import re
@@ -77,7 +77,7 @@ def spawn(cmd, cwd, **extra):
 def preload_lines(**extra):
     """The "vramswap: error:" lines libvramswap_preload.so prints for this environment (it
     stops /bin/true before main), or None without the preload library."""
-    preload = os.environ.get("VRAMSWAP_PRELOAD_LIBRARY")
+    preload = os.environ.get("SUITE_PRELOAD_LIBRARY")
     if not preload or not Path(preload).is_file():
         return None
     from vramswap import _lib

@@ -2,9 +2,13 @@
 `python3 -m vramswap bench [SCENARIO...|SNAPSHOT...] [--out DIR | --results] [--json] [--quick] [--warmup N]`
 `python3 -m vramswap replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS] [--warmup N]
  [--policy none|offload_all|vramswap] [--until PHASE] [--json]`
+`python3 -m vramswap doctor [--json]`
 
 bench and replay are the memory-pressure benchmark on cudasim in virtual time
 (vramswap/bench/cli.py); they need neither torch nor a GPU, and import no torch.
+doctor reports what vramswap will do on this machine (vramswap/_doctor.py): versions, CUDA
+and its devices, the install path, whether each torch extension builds and loads, the
+VRAMSWAP_* settings in force and where each comes from, and the libraries loaded.
 The rest of this docstring is about `run`.
 
 Runs an unmodified torch script under vramswap:
@@ -52,6 +56,7 @@ USAGE = """usage: vramswap run [--no-offload] [--offload-frozen] [--offload-opti
                       [--warmup N] [--list]
        vramswap replay SNAPSHOT [--limit SIZE|PCT] [--horizon N] [--card SIZE] [--pcie GBPS]
                       [--warmup N] [--policy none|offload_all|vramswap] [--until PHASE] [--json]
+       vramswap doctor [--json]
        vramswap --version
 (`python3 -m vramswap ...` is the same command, from a checkout or without the console script.)
 
@@ -64,7 +69,11 @@ With a CUDA device, vramswap becomes torch's CUDA allocator (vramswap.install())
 VRAMSWAP_TORCH_DEVICE=cpu-sim (or no CUDA device) selects the CPU-emulation mode.
 
 bench, replay: the memory-pressure benchmark on cudasim in virtual time (no GPU, no torch);
-`vramswap bench --help` and `vramswap replay --help` describe them."""
+`vramswap bench --help` and `vramswap replay --help` describe them.
+
+doctor: what vramswap will do here: versions, CUDA devices, the install path, whether each
+torch extension builds and loads, the VRAMSWAP_* settings in force and their sources, the
+libraries loaded (--json: one JSON object). Exit status 2 for a bad VRAMSWAP_* value."""
 
 
 def _usage(status):
@@ -219,6 +228,9 @@ def main(argv=None):
             return getattr(cli, argv[0])(argv[1:])
         except SystemExit as e:  # argparse: --help (0) and usage errors (2)
             return e.code if isinstance(e.code, int) else 2
+    if argv[0] == "doctor":
+        from . import _doctor
+        return _doctor.main(argv[1:])
     if argv[0] != "run":
         print(f"vramswap: unknown command {argv[0]!r}", file=sys.stderr)
         return _usage(2)

@@ -9,11 +9,23 @@ Where the libraries are found:
                         (the build tree's layout, build/lib and build/sim, and the installed
                         package's, vramswap/lib and vramswap/sim)
 
-cudasim is loaded with RTLD_GLOBAL *before* libvramswap.so, so the loader satisfies the
-library's DT_NEEDED entries (libcudart.so.13, libcuda.so.1) with cudasim's objects, which
-carry those sonames: no LD_LIBRARY_PATH is needed in the CPU-emulation mode. cudasim's
-libcufile.so.0, where the directory has it, is loaded too, so that the disk tier's
-dlopen("libcufile.so.0") (VRAMSWAP_DISK_IO=cufile) finds it by its soname.
+Note [cudasim in a namespace of its own]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+In the CPU-emulation mode libvramswap.so must run on cudasim's libcudart.so.13 and
+libcuda.so.1, never on NVIDIA's. A CUDA build of torch loads NVIDIA's libcudart.so.13 when
+it is imported (libtorch_cuda needs it), and the loader satisfies a later DT_NEEDED entry by
+soname with what is already loaded: in the process's own namespace libvramswap.so would bind
+to NVIDIA's runtime, which then asks cudasim's driver for its private entry points and gives
+up ("CUDA driver version is insufficient"). So the mode loads cudasim's driver, its runtime,
+its libcufile.so.0 where the directory has it (the disk tier's dlopen("libcufile.so.0")
+then finds it by soname) and libvramswap.so into a link-map namespace of their own
+(dlmopen(LM_ID_NEWLM)), where those sonames name cudasim's objects whatever torch loaded.
+Nothing crosses between the namespaces but function pointers and the memory they return
+(torch's CPU extension calls vramswap_malloc and vramswap_free by address), and no
+LD_LIBRARY_PATH is needed. The namespace has its own C library: its environment is a copy
+of the process's taken at loading, kept alive here, so that a later os.environ change
+(which may free the process's array) cannot leave it pointing at freed memory; settings
+after loading go through vramswap_configure.
 
 The library is loaded once per process, for one of the two install modes: on cudasim for
 the CPU-emulation mode (vramswap.sim.install_cpu), or on the real CUDA runtime and driver
@@ -123,17 +135,14 @@ def load(cudasim=False, cuda=False):
                 if not (sim / name).exists():
                     raise VramswapError(f"cudasim's {name} not found in {sim} "
                                         "(set VRAMSWAP_CUDASIM_DIR or build the project)")
-            ctypes.CDLL(str(sim / "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
-            _cudart = ctypes.CDLL(str(sim / "libcudart.so.13"), mode=ctypes.RTLD_GLOBAL)
-            _cudart.cudaStreamSynchronize.restype = ctypes.c_int
-            _cudart.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
-            if (sim / "libcufile.so.0").exists():
-                ctypes.CDLL(str(sim / "libcufile.so.0"), mode=ctypes.RTLD_GLOBAL)
         path = library_path()
         if not path.exists():
             raise VramswapError(f"{path} not found (set VRAMSWAP_LIBRARY or build the project)")
         try:
-            lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            if cudasim:
+                lib = _load_in_namespace(sim, path)
+            else:
+                lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
             if cudasim:
                 raise
@@ -146,6 +155,47 @@ def load(cudasim=False, cuda=False):
         _loaded_path = str(path)
         _loaded_for = "cpu-sim" if cudasim else ("cuda" if cuda else None)
         return _lib
+
+
+_RTLD_NOW, _RTLD_NOLOAD, _LM_ID_NEWLM, _RTLD_DI_LMID = 0x2, 0x4, -1, 1
+_namespace_environ = None  # the namespace's copy of the environment, kept alive
+
+
+def _load_in_namespace(sim, path):
+    """Loads cudasim (from `sim`) and libvramswap.so (`path`) into a new link-map namespace
+    (Note [cudasim in a namespace of its own]); returns libvramswap.so's ctypes handle and
+    sets _cudart. Raises OSError with dlerror()'s message."""
+    global _cudart, _namespace_environ
+    libc = ctypes.CDLL(None)
+    dlmopen, dlinfo, dlsym, dlerror = libc.dlmopen, libc.dlinfo, libc.dlsym, libc.dlerror
+    dlmopen.restype, dlmopen.argtypes = ctypes.c_void_p, [ctypes.c_long, ctypes.c_char_p, ctypes.c_int]
+    dlinfo.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    dlsym.restype, dlsym.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
+    dlerror.restype = ctypes.c_char_p
+    namespace = ctypes.c_long(_LM_ID_NEWLM)
+
+    def open_in_namespace(file, flags=_RTLD_NOW):
+        handle = dlmopen(namespace.value, str(file).encode(), flags)
+        if not handle:
+            raise OSError(f"cannot load {file}: {(dlerror() or b'').decode(errors='replace')}")
+        if namespace.value == _LM_ID_NEWLM and dlinfo(handle, _RTLD_DI_LMID, ctypes.byref(namespace)) != 0:
+            raise OSError(f"dlinfo: {(dlerror() or b'').decode(errors='replace')}")
+        return handle
+
+    driver = open_in_namespace(sim / "libcuda.so.1")
+    own_libc = open_in_namespace("libc.so.6", _RTLD_NOW | _RTLD_NOLOAD)
+    entries = [f"{k}={v}".encode() for k, v in os.environ.items()]
+    _namespace_environ = (ctypes.c_char_p * (len(entries) + 1))(*entries, None)
+    ctypes.c_void_p.from_address(dlsym(own_libc, b"environ")).value = ctypes.addressof(_namespace_environ)
+    del driver
+    cudart = open_in_namespace(sim / "libcudart.so.13")
+    if (sim / "libcufile.so.0").exists():
+        open_in_namespace(sim / "libcufile.so.0")
+    handle = open_in_namespace(path)
+    _cudart = ctypes.CDLL(str(sim / "libcudart.so.13"), handle=cudart)
+    _cudart.cudaStreamSynchronize.restype = ctypes.c_int
+    _cudart.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+    return ctypes.CDLL(str(path), handle=handle)
 
 
 def loaded_path():
