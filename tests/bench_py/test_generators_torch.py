@@ -8,13 +8,16 @@ For each model the test compares, with the generator's workload of the same shap
     left out, as the generators leave them out), in total and for the first block;
   - the order of the saves (the sizes of the storages, in the order they were first saved);
   - the order in which backward first reads each of them (unpack vs the "use" ops).
-Cases: GPT eager attention, with and without reentrant activation checkpointing (the one
-torch.utils.checkpoint defaults to in torch 1.13), and VGG-16 on 32 x 32 images.
+Cases: GPT eager attention, with and without reentrant activation checkpointing (the
+variant gpt.py models), GPT with F.scaled_dot_product_attention (the CPU runs its flash
+kernel, whose saves are CUDA's flash and memory-efficient kernels': query, key, value,
+logsumexp, output), and VGG-16 on 32 x 32 images.
 
 What the CPU cannot show and the test therefore does not check: CUDA autocast's casts
-(the CPU autocast lists differ), flash attention (no SDPA in torch 1.13) and dropout with
-p > 0 (the CPU saves a mask in the input's dtype, CUDA's fused kernel a 1-byte one): the
-models run in fp32 with p = 0.
+(the CPU autocast lists differ) and dropout with p > 0 (the CPU saves a mask in the input's
+dtype, CUDA's fused kernel a 1-byte one): the models run in fp32 with p = 0. Nor which of
+two saves of one size by one op comes first (bmm's copies of q and k^T): the sizes and the
+first uses read the same either way.
 
 Usage: /usr/bin/python3 tests/bench_py/test_generators_torch.py   (exit status 0: every
 check held, or torch is missing and the test is skipped; 1: a check failed). ~10 s.
@@ -57,12 +60,12 @@ class SavedRecorder:
         self.marked = set()
 
     def pack(self, t):
-        ptr = t.storage().data_ptr()
+        ptr = t.untyped_storage().data_ptr()
         if t.dim() == 0 or ptr in self.param_ptrs:
             return (None, t)
         if ptr not in self.index:
             self.index[ptr] = len(self.storages)
-            self.storages.append((ptr, t.storage().nbytes()))
+            self.storages.append((ptr, t.untyped_storage().nbytes()))
             if self.mark:
                 self.marked.add(self.index[ptr])
         return (self.index[ptr], t)
@@ -100,8 +103,9 @@ def workload_facts(wl):
 L, C, H, F, T, B, V = 2, 32, 4, 128, 16, 2, 64
 
 
-def build_gpt():
-    """nanoGPT's layout in plain torch (explicit attention with a tril bias buffer)."""
+def build_gpt(flash=False):
+    """nanoGPT's layout in plain torch: explicit attention with a tril bias buffer, or
+    (flash) F.scaled_dot_product_attention with is_causal, as nanoGPT runs it on torch 2."""
     nn, Fn = torch.nn, torch.nn.functional
     torch.manual_seed(0)
 
@@ -118,6 +122,10 @@ def build_gpt():
             q = q.view(b, t, H, c // H).transpose(1, 2)
             k = k.view(b, t, H, c // H).transpose(1, 2)
             v = v.view(b, t, H, c // H).transpose(1, 2)
+            if flash:
+                y = Fn.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True)
+                y = y.transpose(1, 2).contiguous().view(b, t, c)
+                return Fn.dropout(self.c_proj(y), p=0.0, training=True)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
             att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
             att = Fn.softmax(att, dim=-1)
@@ -163,7 +171,7 @@ def build_gpt():
             x = Fn.dropout(self.wte(idx) + self.wpe(pos), p=0.0, training=True)
             for block in self.h:
                 if checkpoint:
-                    x = torch.utils.checkpoint.checkpoint(block, x)
+                    x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=True)
                 else:
                     x = block(x)
             x = self.ln_f(x)
@@ -173,8 +181,8 @@ def build_gpt():
     return GPT()
 
 
-def run_gpt(checkpoint):
-    model = build_gpt()
+def run_gpt(checkpoint, flash=False):
+    model = build_gpt(flash)
     rec = SavedRecorder(list(model.parameters()) + list(model.buffers()))
     model.h[0].register_forward_pre_hook(lambda *a: setattr(rec, "mark", "L0"))
     model.h[0].register_forward_hook(lambda *a: setattr(rec, "mark", None))
@@ -186,11 +194,12 @@ def run_gpt(checkpoint):
     return rec
 
 
-def check_gpt(checkpoint):
-    case = "gpt-ckpt" if checkpoint else "gpt"
-    rec = run_gpt(checkpoint)
+def check_gpt(checkpoint, flash=False):
+    case = "gpt" + ("-flash" if flash else "") + ("-ckpt" if checkpoint else "")
+    rec = run_gpt(checkpoint, flash)
     wl = gpt.generate(layers=L, hidden=C, heads=H, ffn=F, seq=T, batch=B, vocab=V,
-                      dtype="fp32", checkpointing="full" if checkpoint else False)
+                      dtype="fp32", checkpointing="full" if checkpoint else False,
+                      attention="flash" if flash else "eager")
     wl.validate()
     check(f"{case}: forward saved bytes, torch {rec.total()} == generator "
           f"{wl.meta['saved_bytes_forward']}", rec.total() == wl.meta["saved_bytes_forward"])
@@ -263,6 +272,7 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     check_gpt(checkpoint=False)
     check_gpt(checkpoint=True)
+    check_gpt(checkpoint=False, flash=True)
     check_vgg()
     print(f"{'FAIL' if failures else 'ok'}: {len(failures)} failed")
     sys.exit(1 if failures else 0)

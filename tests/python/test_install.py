@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""vramswap.install(): its refusals, and the ctypes path end to end, on a torch without CUDA.
+"""vramswap.install(): its refusals, and the ctypes path end to end, on a machine without a GPU.
 
-The machine this runs on has no GPU and torch has no CUDA, so torch's side of the swap is
-played by stand-ins, and each case says which. Each case runs in a fresh child process
+The machine this runs on has no GPU (torch may be a CUDA build, but sees no device), so
+torch's side of the swap is played by stand-ins, and each case says which. Each case runs in a fresh child process
 (libvramswap.so is loaded once per process, for one mode; torch's allocator can be swapped
 once):
   initialized  torch "has initialized CUDA": torch.version.cuda / torch.cuda.is_available are
@@ -11,14 +11,15 @@ once):
                why (torch's caching allocator / CUDA context, swap only before the first CUDA
                allocation) and what to do (install() earlier, or `python3 -m vramswap run`),
                without loading the library or swapping anything.
-  no-cuda      the real torch (built without CUDA), then a CUDA build that sees no device
-               (torch.version.cuda patched, the real is_available() False): both refused
-               with a pointer to the CPU-emulation mode.
+  no-cuda      a torch built without CUDA (torch.version.cuda patched to None), then a CUDA
+               build that sees no device (torch.version.cuda "13.0", the real is_available()
+               False): both refused with a pointer to the CPU-emulation mode.
   ctypes       the ctypes path (VRAMSWAP_TORCH_EXT_CUDA=0): torch.cuda.memory's
                CUDAPluggableAllocator and change_current_allocator are recording fakes; the
-               fake resolves the symbols by name with ctypes as torch's does. cudasim, on
-               the loader's path (LD_LIBRARY_PATH), stands in for the CUDA runtime and
-               driver that libvramswap.so links. Checks: a bad config value is refused
+               fake resolves the symbols by name with ctypes as torch's does. cudasim,
+               preloaded (LD_PRELOAD: a CUDA build of torch would otherwise load NVIDIA's
+               runtime first, whose soname libvramswap.so's then resolves to), stands in for
+               the CUDA runtime and driver that libvramswap.so links. Checks: a bad config value is refused
                naming its key with nothing swapped; then the real library path and the
                names vramswap_torch_malloc / vramswap_free reach torch (not vramswap_malloc:
                torch does not check its alloc function's result for NULL), the symbols
@@ -164,7 +165,7 @@ def case_initialized():
 def case_no_cuda():
     import torch
     import vramswap
-    check(torch.version.cuda is None, f"this torch has no CUDA (torch.version.cuda={torch.version.cuda})")
+    torch.version.cuda = None  # a torch built without CUDA
     e = expect_raise(vramswap.install, vramswap.VramswapError)
     check(isinstance(e, vramswap.VramswapError), f"install() on a torch without CUDA raises VramswapError ({e!r})")
     check_words(str(e), ["built without CUDA", "vramswap.sim.install_cpu(", "VRAMSWAP_TORCH_DEVICE=cpu-sim"],
@@ -338,21 +339,27 @@ print("installed", vramswap.installed(), cuda.backend(), vramswap.sim.installed(
 """
 
 
-def child_env():
+def child_env(cudasim):
+    """The environment of a case's process; `cudasim`: cudasim preloaded as the CUDA runtime
+    and driver (only for the cases that load libvramswap.so as torch's CUDA allocator)."""
     env = dict(os.environ)
     for k in ("VRAMSWAP_TORCH_DEVICE", "VRAMSWAP_TORCH_EXT_CUDA", "VRAMSWAP_LOG"):
         env.pop(k, None)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "plugin" / "python")]
                                         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    # cudasim stands in for the CUDA runtime and driver libvramswap.so links (no GPU here).
-    from vramswap import _lib
-    env["LD_LIBRARY_PATH"] = os.pathsep.join([str(_lib.cudasim_dir())]
-                                             + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))
+    if cudasim:  # cudasim stands in for the CUDA runtime and driver libvramswap.so links
+        from vramswap import _lib
+        sim = _lib.cudasim_dir()
+        env["LD_PRELOAD"] = " ".join(str(sim / name) for name in ("libcuda.so.1", "libcudart.so.13"))
     return env
 
 
+# The cases that load libvramswap.so on the CUDA path, on cudasim.
+ON_CUDASIM = {"ctypes", "auto", "bad-env", "run"}
+
+
 def spawn(args, **env_extra):
-    env = child_env()
+    env = child_env(args[1] in ON_CUDASIM)
     env.update(env_extra)
     return subprocess.run([sys.executable, __file__] + args, env=env, capture_output=True,
                           text=True, timeout=240)

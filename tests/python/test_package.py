@@ -1,9 +1,12 @@
 #!/usr/bin/python3
 """`pip install .` gives a package that works outside the checkout: into a fresh virtual
-environment (Debian's python3, --system-site-packages for torch; offline: --no-index
---no-build-isolation), then, from a directory outside the repository with no VRAMSWAP_*
-path set:
+environment that sees this interpreter's packages (torch among them: a .pth file names its
+site-packages; offline: --no-index --no-build-isolation, as a user installs into their own
+environment with their torch), then, from a directory outside the repository with no
+VRAMSWAP_* path set:
   - `vramswap --version` prints vramswap.__version__, which is CMakeLists.txt's VERSION;
+  - `vramswap doctor --json` reports the torch imported here, and both LibTorch extensions
+    (the CPU-emulation one, and the CUDA one where torch is a CUDA build) "ok";
   - `vramswap run --help`, `bench --help` and `replay --help` print their usage and exit 0;
   - the package loads its own libvramswap.so on its own cudasim (both inside the
     environment) and serves an allocation;
@@ -62,7 +65,12 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         venv = tmp / "venv"
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        import sysconfig
+        import torch
+        site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        (Path(site) / "suite_torch.pth").write_text(sysconfig.get_path("purelib") + "\n")
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("VRAMSWAP_", "CUDASIM_")) and k != "PYTHONPATH"}
         pip = subprocess.run([str(venv / "bin" / "pip"), "install", "--no-build-isolation", "--no-index",
@@ -83,6 +91,14 @@ def main():
         v = run(exe, "--version")
         check(v.returncode == 0 and v.stdout.strip() == f"vramswap {__version__}",
               f"vramswap --version says 'vramswap {__version__}'", v.stdout + v.stderr)
+        doctor = run(exe, "doctor", "--json", extra={
+            "VRAMSWAP_CACHE_DIR": os.environ.get("VRAMSWAP_CACHE_DIR", str(tmp / "ext"))}, timeout=600)
+        report = json.loads(doctor.stdout) if doctor.returncode == 0 else {}
+        check(report.get("torch_version") == torch.__version__ and report.get("cpu_extension") == "ok"
+              and report.get("cuda_extension") == ("ok" if torch.version.cuda else report.get("cuda_extension")),
+              f"vramswap doctor --json reports torch {torch.__version__} and both extensions ok "
+              f"(torch_version {report.get('torch_version')!r}, cpu_extension {report.get('cpu_extension')!r}, "
+              f"cuda_extension {report.get('cuda_extension')!r})", doctor.stdout + doctor.stderr)
         for sub in ("run", "bench", "replay"):
             h = run(exe, sub, "--help")
             check(h.returncode == 0 and "usage" in h.stdout.lower(), f"vramswap {sub} --help prints its usage, exit 0",

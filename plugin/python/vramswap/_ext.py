@@ -16,8 +16,9 @@ Overrides:
   VRAMSWAP_CACHE_DIR      where built extensions are kept; default ~/.cache/vramswap
   CXX                     the compiler; default g++
   CUDA_HOME / CUDA_PATH   the CUDA Toolkit whose include/ the CUDA extension is compiled
-                          with; default: torch.utils.cpp_extension's choice, /usr/local/cuda,
-                          or the nvidia-cuda-runtime wheels beside torch
+                          with; default: the toolkit of the nvcc on PATH, /usr/local/cuda,
+                          the CUDA runtime wheels beside torch, or torch.utils.cpp_extension's
+                          choice (cuda_include_dir())
 
 Thread safety: load() and load_cuda() are idempotent and guarded by a lock.
 """
@@ -46,7 +47,8 @@ class ExtensionUnavailable(RuntimeError):
 
 
 def _torch_include_base():
-    # Debian's python3-torch keeps headers in /usr/include; wheels under torch/include.
+    # torch's wheels keep the C++ headers under torch/include; a distribution's package may
+    # put them in /usr/include.
     pkg = Path(torch.__file__).resolve().parent / "include"
     for base in (pkg, Path("/usr/include")):
         if (base / "c10" / "core" / "CPUAllocator.h").exists():
@@ -65,27 +67,34 @@ def _lib_dirs():
 
 
 def cuda_include_dir():
-    """The directory holding cuda_runtime_api.h for the CUDA extension, or None."""
+    """The directory holding cuda_runtime_api.h for the CUDA extension, or None. Looked for in
+    CUDA_HOME, CUDA_PATH, the toolkit of the nvcc on PATH, /usr/local/cuda, pip's CUDA runtime
+    wheels (torch's own dependency, in site-packages), and last where torch's cpp_extension
+    guesses (importing it warns when it finds no toolkit, so only when all else failed)."""
+    import shutil
     candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
-    try:
-        from torch.utils import cpp_extension
-        candidates.append(cpp_extension.CUDA_HOME)
-    except Exception:  # an old or trimmed torch: the other candidates remain
-        pass
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
     candidates.append("/usr/local/cuda")
     dirs = [Path(c) / "include" for c in candidates if c]
-    # pip's CUDA runtime wheels (torch's own dependency) put the headers in site-packages.
     for site in sys.path:
         for sub in ("nvidia/cuda_runtime/include", "nvidia/cu13/include", "nvidia/cu12/include"):
             dirs.append(Path(site) / sub)
     for d in dirs:
         if (d / "cuda_runtime_api.h").exists():
             return str(d)
+    try:
+        from torch.utils import cpp_extension
+        if cpp_extension.CUDA_HOME and (Path(cpp_extension.CUDA_HOME) / "include" / "cuda_runtime_api.h").exists():
+            return str(Path(cpp_extension.CUDA_HOME) / "include")
+    except Exception:  # an old or trimmed torch: nothing more to try
+        pass
     return None
 
 
 def _cuda_flags():
-    """-I/-l flags of the CUDA extension; raises ExtensionUnavailable saying what is missing."""
+    """-isystem/-l flags of the CUDA extension; raises ExtensionUnavailable saying what is missing."""
     if torch.version.cuda is None:
         raise ExtensionUnavailable(f"torch {torch.__version__} is built without CUDA")
     base = _torch_include_base()
@@ -99,7 +108,7 @@ def _cuda_flags():
         raise ExtensionUnavailable(
             "the CUDA runtime's headers (cuda_runtime_api.h) were not found: set CUDA_HOME to "
             "the CUDA Toolkit")
-    return [f"-I{cuda_inc}"], ["-lc10_cuda", "-ltorch_cuda"]
+    return ["-isystem", cuda_inc], ["-lc10_cuda", "-ltorch_cuda"]
 
 
 def loaded_libstdcxx():
@@ -145,15 +154,27 @@ def cxx_standard(version=None):
     """The -std flag for compiling against torch `version` (default: the imported torch's):
     C++17 (what torch 2.x's headers need) up to torch 2.11; C++20 from torch 2.12, whose
     headers refuse anything older."""
+    return "-std=c++20" if _torch_version(version) >= (2, 12) else "-std=c++17"
+
+
+# The oldest torch whose C++ interface the extensions are written against (c10::Allocator as
+# torch 2.3 changed it, the pluggable allocator's graph-pool hooks).
+OLDEST_TORCH = (2, 3)
+
+
+def _torch_version(version=None):
     m = re.match(r"(\d+)\.(\d+)", version or torch.__version__)
-    major_minor = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-    return "-std=c++20" if major_minor >= (2, 12) else "-std=c++17"
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
 def build(out_dir=None, kind="cpu"):
     """Compiles the extension (if not cached) and returns its path. `kind`: "cpu"
-    (csrc/cpu_sim.cpp) or "cuda" (csrc/cuda_alloc.cpp; raises ExtensionUnavailable when this
-    torch cannot build it)."""
+    (csrc/cpu_sim.cpp) or "cuda" (csrc/cuda_alloc.cpp). Raises ExtensionUnavailable when this
+    torch cannot build it (older than OLDEST_TORCH; for "cuda", no CUDA or no headers)."""
+    if _torch_version() < OLDEST_TORCH:
+        raise ExtensionUnavailable(
+            f"torch {torch.__version__} is too old for vramswap's extensions: they need torch "
+            f"{OLDEST_TORCH[0]}.{OLDEST_TORCH[1]} or newer")
     if kind == "cpu":
         source, prefix, extra_inc, extra_libs, salt = _SOURCE, "libvramswap_torch_", [], [], b""
     elif kind == "cuda":
@@ -177,7 +198,11 @@ def build(out_dir=None, kind="cpu"):
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     cmd = [os.environ.get("CXX", "g++"), cxx_standard(), "-O2", "-fPIC", "-shared",
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
-    cmd += [f"-I{d}" for d in _include_dirs()] + extra_inc
+    # torch's and CUDA's headers are system headers: their own warnings are not the
+    # extension's (the suite compiles it with -Wall -Wextra -Werror).
+    for d in _include_dirs():
+        cmd += ["-isystem", d]
+    cmd += extra_inc
     cmd += [str(source), "-o", str(tmp)]
     for d in _lib_dirs():
         cmd += [f"-L{d}", f"-Wl,-rpath,{d}"]

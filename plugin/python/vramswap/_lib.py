@@ -23,9 +23,10 @@ then finds it by soname) and libvramswap.so into a link-map namespace of their o
 Nothing crosses between the namespaces but function pointers and the memory they return
 (torch's CPU extension calls vramswap_malloc and vramswap_free by address), and no
 LD_LIBRARY_PATH is needed. The namespace has its own C library: its environment is a copy
-of the process's taken at loading, kept alive here, so that a later os.environ change
-(which may free the process's array) cannot leave it pointing at freed memory; settings
-after loading go through vramswap_configure.
+of the process's taken at loading, never freed, so that a later os.environ change (which
+may free the process's array) cannot leave it pointing at freed memory, and the library's
+exit handlers still read it after Python has torn down; settings after loading go through
+vramswap_configure.
 
 The library is loaded once per process, for one of the two install modes: on cudasim for
 the CPU-emulation mode (vramswap.sim.install_cpu), or on the real CUDA runtime and driver
@@ -158,14 +159,35 @@ def load(cudasim=False, cuda=False):
 
 
 _RTLD_NOW, _RTLD_NOLOAD, _LM_ID_NEWLM, _RTLD_DI_LMID = 0x2, 0x4, -1, 1
-_namespace_environ = None  # the namespace's copy of the environment, kept alive
+
+
+def _environment_copy(libc):
+    """The address of a NULL-terminated copy of os.environ as a C `environ`, in memory from
+    the process's malloc that is never freed: the namespace reads it up to the last exit
+    handler (VRAMSWAP_STATS_FILE's {rank} is read at exit), after Python has freed its own
+    objects."""
+    entries = [f"{k}={v}".encode() + b"\0" for k, v in os.environ.items()
+               if "\0" not in k + v]
+    pointers = ctypes.sizeof(ctypes.c_void_p) * (len(entries) + 1)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    block = libc.malloc(pointers + sum(len(e) for e in entries))
+    if not block:
+        raise OSError("cannot allocate the CPU-emulation mode's copy of the environment")
+    table = (ctypes.c_void_p * (len(entries) + 1)).from_address(block)
+    at = block + pointers
+    for i, entry in enumerate(entries):
+        ctypes.memmove(at, entry, len(entry))
+        table[i] = at
+        at += len(entry)
+    table[len(entries)] = None
+    return block
 
 
 def _load_in_namespace(sim, path):
     """Loads cudasim (from `sim`) and libvramswap.so (`path`) into a new link-map namespace
     (Note [cudasim in a namespace of its own]); returns libvramswap.so's ctypes handle and
     sets _cudart. Raises OSError with dlerror()'s message."""
-    global _cudart, _namespace_environ
+    global _cudart
     libc = ctypes.CDLL(None)
     dlmopen, dlinfo, dlsym, dlerror = libc.dlmopen, libc.dlinfo, libc.dlsym, libc.dlerror
     dlmopen.restype, dlmopen.argtypes = ctypes.c_void_p, [ctypes.c_long, ctypes.c_char_p, ctypes.c_int]
@@ -184,9 +206,7 @@ def _load_in_namespace(sim, path):
 
     driver = open_in_namespace(sim / "libcuda.so.1")
     own_libc = open_in_namespace("libc.so.6", _RTLD_NOW | _RTLD_NOLOAD)
-    entries = [f"{k}={v}".encode() for k, v in os.environ.items()]
-    _namespace_environ = (ctypes.c_char_p * (len(entries) + 1))(*entries, None)
-    ctypes.c_void_p.from_address(dlsym(own_libc, b"environ")).value = ctypes.addressof(_namespace_environ)
+    ctypes.c_void_p.from_address(dlsym(own_libc, b"environ")).value = _environment_copy(libc)
     del driver
     cudart = open_in_namespace(sim / "libcudart.so.13")
     if (sim / "libcufile.so.0").exists():

@@ -200,10 +200,9 @@ class StepBuilder:
         out = E.alloc(f"{prefix}.out", rows * fout * self.cdt)
         frozen = param in self.frozen
         if grad:
-            if not frozen:
-                E.save(x)  # for dW; a frozen Linear needs only W (dX)
-            if w is not None:
-                E.save(w)
+            # x for dW (a frozen Linear needs only W, for dX); in _linear_saves' order
+            for t in self._linear_saves(None if frozen else x, w, bias):
+                E.save(t)
         E.kernel(prefix, flops=2 * rows * fin * fout,
                  nbytes=(rows * fin + fin * fout + rows * fout) * self.cdt)
         lora = None
@@ -220,6 +219,16 @@ class StepBuilder:
             E.drop(internal)
         return out, _Linear(prefix, param, x, w, rows, fin, fout, lora)
 
+    @staticmethod
+    def _linear_saves(x, w, bias):
+        """The tensors a Linear saves, in the order autograd saves them and its backward
+        reads them (x: the input or None, w: the weight's cast or None). Torch 2.x's autograd
+        nodes hold saved inputs sorted by name: with a bias F.linear is addmm(b, x, w.t()),
+        mat1 = x before mat2 = w; without one it is mm(x, w.t()) (matmul folds a 3-D input
+        to 2-D), mat2 = w before self = x."""
+        order = (x, w) if bias else (w, x)
+        return [t for t in order if t is not None]
+
     def _linear_backward(self, rec, dy, need_dx=True, bias=True, release_input=True):
         """Backward of one Linear: dX, dW, db; the weight grads accumulate into .grad.
         Frees the saved input (unless an op further back also saved it) and the weight
@@ -227,9 +236,8 @@ class StepBuilder:
         E, c = self.E, self.cdt
         if rec.param in self.frozen:
             return self._frozen_linear_backward(rec, dy, need_dx, release_input)
-        E.use(rec.x)
-        if rec.w is not None:
-            E.use(rec.w)
+        for t in self._linear_saves(rec.x, rec.w, bias):
+            E.use(t)
         dx = E.alloc(f"{rec.name}.dx", rec.rows * rec.fin * c) if need_dx else None
         dw = E.alloc(f"{rec.name}.dw", rec.fin * rec.fout * c)
         db = E.alloc(f"{rec.name}.db", rec.fout * c) if bias else None

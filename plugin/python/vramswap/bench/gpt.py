@@ -17,31 +17,39 @@ copy and saves that copy; it casts its weight once per autocast region (the cast
 saves the cast; LayerNorm, softmax, log_softmax run in fp32 (autocast's fp32 list); the
 residual stream stays fp32 (fp32 + bf16 promotes). fp16 adds GradScaler's unscale pass.
 
-What eager PyTorch saves for backward, per op (verified on torch 1.13 CPU in fp32 by
+What eager PyTorch saves for backward, per op (verified on torch 2.x CPU in fp32 by
 tests/bench_py/test_generators_torch.py; parameters and 0-dim scalars are left out: a
-module holds its parameters, so they are never cold, and scalars are bytes):
+module holds its parameters, so they are never cold, and scalars are bytes). Order: torch
+2.x's generated autograd nodes (tools/autograd/gen_autograd_functions.py) hold an op's saved
+inputs sorted by argument name, then its saved outputs sorted by name; the forward saves
+them and the backward reads them in that order, not in the order of the op's arguments:
   embedding        the index tensor (idx for wte: the batch, held by the training loop;
                    the positions arange(T) for wpe)
   LayerNorm        its input, mean and rstd (fp32, one per row: 4 bytes x rows each)
   Linear           its input (under autocast the 2-byte cast of it) and its weight (under
-                   autocast the weight's cast, a new tensor per autocast region)
+                   autocast the weight's cast, a new tensor per autocast region); with a
+                   bias, addmm's mat1 (input) then mat2 (weight); without one (lm_head,
+                   LoRA's adapters) mm's mat2 (weight) then self (input)
   q @ k^T          matmul reshapes the strided q and k^T views of the qkv output to
-                   (B*H, T, D) and (B*H, D, T): both are copies, and bmm saves the copies
+                   (B*H, T, D) and (B*H, D, T): both are copies, and bmm saves the copies,
+                   mat2 (k^T's) before self (q's)
   * scale          nothing (the scalar is a CPU wrapped number)
   masked_fill      its mask: `bias[:, :, :T, :T] == 0`, a new T x T bool per block
   softmax          its output (fp32 under autocast, after an fp32 cast of its input)
-  att @ v          att (under autocast its 2-byte cast) and a contiguous copy of v
+  att @ v          a contiguous copy of v (bmm's mat2), then att (self; under autocast
+                   its 2-byte cast)
   y.transpose(1, 2).contiguous()   a copy, saved by proj as its input
   GELU             its input
   dropout          p == 0: nothing (F.dropout returns its input); p > 0: a 1-byte mask
                    (CUDA's fused native_dropout) and a new output
   cross_entropy    log_softmax's output (fp32; nll_loss saves it again) and the targets
   flash attention  (attention="flash": F.scaled_dot_product_attention, flash backend)
-                   q, k, v (views of the qkv output: that tensor), its output (which proj
-                   saves too), logsumexp (B*H*T fp32); no T x T tensor at all. Its backward
-                   allocates dq, dk, dv and, as temporaries, flash-attn 2's fp32 dq
-                   accumulator and softmax_d. (fp32 runs SDPA's memory-efficient kernel,
-                   whose saves are the same; it is modeled the same way.)
+                   key, query, value (views of the qkv output: that tensor), logsumexp
+                   (B*H*T fp32), its output (which proj saves too); no T x T tensor at
+                   all. Its backward allocates dq, dk, dv and, as temporaries, flash-attn
+                   2's fp32 dq accumulator and softmax_d. (fp32 runs SDPA's memory-efficient
+                   kernel, whose saves and their order are the same; it is modeled the same
+                   way.)
 The default is attention="eager": it is what nanoGPT runs without SDPA, what Hugging Face's
 attn_implementation="eager" does, and the case where saved activations grow with T^2 and
 offloading matters most; "flash" is the modern default path, with far smaller saves.
@@ -245,9 +253,9 @@ class _GPTStep(StepBuilder):
             k = E.alloc(f"{p}.attn.k", N * C * c)    # strided q and k^T views
             E.kernel(f"{p}.attn.qk_copy", nbytes=4 * N * C * c)
             scores = E.alloc(f"{p}.attn.scores", bhtt * c)
-            if grad:
-                E.save(q)
+            if grad:                                 # bmm(self=q, mat2=k^T): mat2 first
                 E.save(k)
+                E.save(q)
             E.kernel(f"{p}.attn.qk", flops=2 * N * T * C, nbytes=2 * N * C * c + bhtt * c)
             E.drop(q)
             E.drop(k)
@@ -278,9 +286,9 @@ class _GPTStep(StepBuilder):
             v = E.alloc(f"{p}.attn.v", N * C * c)
             E.kernel(f"{p}.attn.v_copy", nbytes=2 * N * C * c)
             av = E.alloc(f"{p}.attn.av", N * C * c)
-            if grad:
-                E.save(att_mm)
+            if grad:                                 # bmm(self=att, mat2=v): mat2 first
                 E.save(v)
+                E.save(att_mm)
             E.kernel(f"{p}.attn.av", flops=2 * N * T * C, nbytes=bhtt * c + 2 * N * C * c)
             if att_mm != att:
                 E.drop(att_mm)
@@ -292,14 +300,14 @@ class _GPTStep(StepBuilder):
         else:
             y = E.alloc(f"{p}.attn.out", N * C * c)
             lse = E.alloc(f"{p}.attn.lse", B * H * T * 4)
-            if grad:
+            if grad:                                 # key/query/value, logsumexp, output
                 E.save(qkv)
-                E.save(y)
                 E.save(lse)
+                E.save(y)
             E.kernel(f"{p}.attn.flash", flops=4 * N * T * C // 2,
                      nbytes=4 * N * C * c + B * H * T * 4)
             E.drop(lse)
-            s["flash"] = (qkv, y, lse)
+            s["flash"] = (qkv, lse, y)
         o, s["proj"] = self._linear(f"{p}.attn.proj", f"{lp}.attn.proj", y, c, N, C, C, grad)
         E.drop(y)
         o2, s["resid_drop1"] = self._dropout(f"{p}.attn.resid_drop", o, N * C, c, grad)
@@ -377,8 +385,8 @@ class _GPTStep(StepBuilder):
             dy2 = E.alloc(f"{p}.attn.dy_copy", N * C * c)   # reshape of the transposed grad
             E.kernel(f"{p}.attn.dy_copy", nbytes=2 * N * C * c)
             E.free(dy)
-            E.use(att_mm)
             E.use(v)
+            E.use(att_mm)
             datt = E.alloc(f"{p}.attn.av.dprobs", bhtt * c)
             dv = E.alloc(f"{p}.attn.av.dv", N * C * c)
             E.kernel(f"{p}.attn.av.bwd", flops=4 * N * T * C,
@@ -410,13 +418,13 @@ class _GPTStep(StepBuilder):
             dsc = E.alloc(f"{p}.attn.scale.dx", bhtt * c)
             E.kernel(f"{p}.attn.scale.bwd", nbytes=2 * bhtt * c)
             E.free(dmf)
-            E.use(q)
             E.use(k)
+            E.use(q)
             dq = E.alloc(f"{p}.attn.qk.dq", N * C * c)
             dk = E.alloc(f"{p}.attn.qk.dk", N * C * c)
             E.kernel(f"{p}.attn.qk.bwd", flops=4 * N * T * C, nbytes=bhtt * c + 4 * N * C * c)
-            E.done(q)
             E.done(k)
+            E.done(q)
             E.free(dsc)
             dq_r = E.alloc(f"{p}.attn.dq_view", N * C * c)
             dk_r = E.alloc(f"{p}.attn.dk_view", N * C * c)
@@ -425,8 +433,8 @@ class _GPTStep(StepBuilder):
             E.free(dk)
             parts = (dq_r, dk_r, dv_r)
         else:
-            qkv, y, lse = s["flash"]
-            for t in (qkv, y, lse):
+            qkv, lse, y = s["flash"]
+            for t in (qkv, lse, y):
                 E.use(t)
             dq = E.alloc(f"{p}.attn.flash.dq", N * C * c)
             dk = E.alloc(f"{p}.attn.flash.dk", N * C * c)
@@ -438,7 +446,7 @@ class _GPTStep(StepBuilder):
                      nbytes=8 * N * C * c + N * C * 8 + B * H * T * 8)
             E.free(dq_accum)
             E.free(softmax_d)
-            for t in (qkv, y, lse):
+            for t in (qkv, lse, y):
                 E.done(t)
             E.free(dy)
             parts = (dq, dk, dv)

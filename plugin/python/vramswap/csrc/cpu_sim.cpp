@@ -41,6 +41,12 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+// torch 2.3 changed c10::Allocator (allocate() no longer const, copy_data() pure virtual) and
+// gave the pluggable allocator its graph-pool hooks; this file is written against that
+// interface (vramswap/_ext.py refuses an older torch before compiling).
+static_assert(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3),
+              "vramswap's LibTorch extensions need torch 2.3 or newer");
+
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -89,32 +95,17 @@ std::string report() {
 
 // The failure of an allocation, as torch raises an out-of-memory: c10::OutOfMemoryError,
 // which Python sees as torch.cuda.OutOfMemoryError (vramswap.OutOfMemoryError), whatever
-// the thread (autograd's engine passes it on to backward's caller). torch before 1.13 has
-// no such class: a plain c10::Error (RuntimeError) there.
+// the thread (autograd's engine passes it on to backward's caller).
 [[noreturn]] void throw_out_of_memory(size_t nbytes) {
-#if TORCH_VERSION_MAJOR > 1 || (TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR >= 13)
   TORCH_CHECK_WITH(OutOfMemoryError, false, "vramswap: out of memory allocating ", nbytes,
                    " bytes (CPU-emulation mode): ", report());
-#else
-  TORCH_CHECK(false, "vramswap: out of memory allocating ", nbytes, " bytes (CPU-emulation mode): ", report());
-#endif
-  std::abort();  // not reached: the checks above throw
+  std::abort();  // not reached: the check above throws
 }
-
-// c10::Allocator's interface changed in torch 2.3: allocate() is no longer const, and
-// copy_data() (used by Allocator::clone) is a new pure virtual.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-#define VRAMSWAP_ALLOCATOR_2_3 1
-#define VRAMSWAP_ALLOCATE_CONST
-#else
-#define VRAMSWAP_ALLOCATOR_2_3 0
-#define VRAMSWAP_ALLOCATE_CONST const
-#endif
 
 // c10::Allocator over vramswap_malloc/vramswap_free on the thread's emulated device (0
 // unless vramswap.sim.device() says otherwise), legacy stream.
 struct VramswapCpuAllocator final : c10::Allocator {
-  c10::DataPtr allocate(size_t nbytes) VRAMSWAP_ALLOCATE_CONST override {
+  c10::DataPtr allocate(size_t nbytes) override {
     if (nbytes == 0) {  // vramswap_malloc(0) is NULL; c10's alloc_cpu(0) is too
       return {nullptr, nullptr, &vramswap_cpu_delete, c10::Device(c10::DeviceType::CPU)};
     }
@@ -123,12 +114,10 @@ struct VramswapCpuAllocator final : c10::Allocator {
     return {ptr, ptr, &vramswap_cpu_delete, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &vramswap_cpu_delete; }
-#if VRAMSWAP_ALLOCATOR_2_3
   // The memory is host memory in this mode (cudasim's device memory is the process's).
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     if (count != 0) std::memcpy(dest, src, count);
   }
-#endif
 };
 
 VramswapCpuAllocator* allocator() {

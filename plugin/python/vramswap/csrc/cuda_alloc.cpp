@@ -75,6 +75,12 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+// torch 2.3 changed c10::Allocator (allocate() no longer const, copy_data() pure virtual) and
+// gave the pluggable allocator its graph-pool hooks; this file is written against that
+// interface (vramswap/_ext.py refuses an older torch before compiling).
+static_assert(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3),
+              "vramswap's LibTorch extensions need torch 2.3 or newer");
+
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -154,13 +160,11 @@ void install_cuda_allocator(int64_t malloc_fn, int64_t free_fn, int64_t record_s
   hooks->set_init_fn([](int device_count) { g_init_devices.store(device_count); });
   hooks->set_reset_fn([] { g_fns.empty_cache(); });
   hooks->set_record_stream_fn([](void* ptr, cudaStream_t stream) { g_fns.record_stream(ptr, stream); });
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
   // A capture begins or ends on `device` (a refusal can only be an end vramswap never saw
   // begin: nothing to undo).
   hooks->set_begin_allocate_to_pool(
       [](int device, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>) { g_fns.capture_begin(device); });
   hooks->set_end_allocate_to_pool_fn([](int device, c10::cuda::MempoolId_t) { g_fns.capture_end(device); });
-#endif
   pluggable::changeCurrentAllocator(allocator);  // throws when torch's allocator is initialized
   g_installed.store(true);
 }

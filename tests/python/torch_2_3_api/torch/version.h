@@ -1,7 +1,0 @@
-#pragma once
-#define TORCH_VERSION_MAJOR 2
-#ifdef FAKE_TORCH_MINOR
-#define TORCH_VERSION_MINOR FAKE_TORCH_MINOR
-#else
-#define TORCH_VERSION_MINOR 3
-#endif
