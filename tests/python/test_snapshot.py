@@ -11,10 +11,10 @@ limit, every handle released):
     it) and the trace holds the step's allocations and completed frees, and the evictions
     and fetches as "segment_unmap"/"segment_map" events marked "evict"/"fetch";
   * `python3 -m vramswap replay` reads the dump and replays it;
-  * torch's own `python3 -m torch.cuda._memory_viz stats` reads a pickle of
-    vramswap.memory_snapshot() (torch.cuda.memory_snapshot()'s list of segments, what
-    torch 1.13's tool reads; torch 2.1's reads the dump itself) and its totals are the
-    segments' sizes.
+  * torch's own `python3 -m torch.cuda._memory_viz stats` reads the dump, and a pickle of
+    vramswap.memory_snapshot() (torch.cuda.memory_snapshot()'s list of segments), whose
+    report gives the list's segment count, their total size as reserved, and the live
+    blocks' requested bytes as allocated (its segment summary, segsum()).
 
 Usage: python3 tests/python/test_snapshot.py   (exit status 0: every check held)
 """
@@ -87,17 +87,27 @@ def extra_checks(check, runs):
           f"vramswap replay reads the dump (status {replay.returncode}"
           + (f": {replay.stderr.strip()[-400:]}" if replay.returncode else "") + ")")
 
-    viz = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "stats", path + ".segments"],
-                         capture_output=True, text=True, timeout=120)
+    def memory_viz_stats(file):
+        return subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "stats", file],
+                              capture_output=True, text=True, timeout=120)
+
+    viz = memory_viz_stats(path)
+    check(viz.returncode == 0 and f"segments: {len(data['segments'])}" in viz.stdout.splitlines(),
+          f"torch.cuda._memory_viz stats reads the dump (status {viz.returncode}"
+          f"{': ' + viz.stderr.strip()[-400:] if viz.returncode else ''})")
+    viz = memory_viz_stats(path + ".segments")
     check(viz.returncode == 0, f"torch.cuda._memory_viz stats reads memory_snapshot()'s pickle (status "
           f"{viz.returncode}{': ' + viz.stderr.strip()[-400:] if viz.returncode else ''})")
     print("     " + viz.stdout.strip().replace("\n", "\n     "))
     with open(path + ".segments", "rb") as f:
         listed = pickle.load(f)
     total = sum(s["total_size"] for s in listed)
-    live = sum(b["size"] for s in listed for b in s["blocks"] if b["state"] == "active_allocated")
-    check("'segments': " + str(len(listed)) in viz.stdout and "active_allocated" in viz.stdout,
-          f"its report counts the {len(listed)} segments and the live blocks ({live} bytes of {total})")
+    live = sum(b["requested_size"] for s in listed for b in s["blocks"] if b["state"] == "active_allocated")
+    from torch.cuda._memory_viz import Bytes  # the tool's own rendering of a byte count
+    want = [f"segments: {len(listed)}", f"total_reserved: {Bytes(total)}", f"total_allocated: {Bytes(live)}"]
+    missing = [w for w in want if w not in viz.stdout.splitlines()]
+    check(not missing, f"its report counts the {len(listed)} segments and the live blocks ({live} "
+          f"requested bytes of {total})" + (f" (no line {'; '.join(missing)})" if missing else ""))
     info = runs["step"][3]
     check(info.get("evicted_between", 0) > 0,
           f"between forward and backward, snapshot() lists evicted blocks ({info.get('evicted_between')})")

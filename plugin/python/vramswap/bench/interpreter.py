@@ -64,7 +64,13 @@ class _Cuda:
         from .. import _lib
         self.vs = _lib.load(cudasim=True)
         self.rt = _lib.cudart()
-        self.drv = ctypes.CDLL(str(_lib.cudasim_dir() / "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
+        # cudasim's own calls (counters, virtual time, timeline) are its libcuda.so.1's, in the
+        # link-map namespace _lib loaded cudasim into (_lib's Note [cudasim in a namespace of
+        # its own]). Loading the file again here would map a second cudasim, one that no
+        # allocation or copy of the run goes through, whose calls fail or count nothing. The
+        # runtime needs that driver (DT_NEEDED), and dlsym through a handle searches the
+        # object and then its dependencies: the names resolve in the driver the runs use.
+        self.drv = ctypes.CDLL(str(_lib.cudasim_dir() / "libcuda.so.1"), handle=self.rt._handle)
         vp, i, sz, u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64
         for name, res, args in (
                 ("cudaStreamCreateWithFlags", i, [ctypes.POINTER(vp), ctypes.c_uint]),

@@ -10,7 +10,7 @@ images: 13 conv3x3 (padding 1) each followed by an in-place ReLU, 5 max-pools (2
 2), AdaptiveAvgPool2d((7, 7)), then Linear(25088, 4096), ReLU, Dropout(0.5), Linear(4096,
 4096), ReLU, Dropout(0.5), Linear(4096, 1000), and cross_entropy. 138,357,544 parameters.
 
-What autograd saves (checked on torch 1.13 CPU by tests/bench_py/test_generators_torch.py):
+What autograd saves (checked on torch 2.x CPU by tests/bench_py/test_generators_torch.py):
   conv             its input (the previous ReLU's output, or a pool's) and its weight
   ReLU(inplace)    its result: the conv output itself, which the next conv or pool saves
                    too (one tensor, saved once, used by both backwards)
