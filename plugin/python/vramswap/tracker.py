@@ -260,6 +260,12 @@ class _ForwardScopes(threading.local):
         self.scope = None
 
 
+def _in_backward():
+    """Whether autograd is running a backward on this thread (a graph task is executing)."""
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return current is not None and current() != -1
+
+
 @contextlib.contextmanager
 def offload_forwards(horizon=None, min_bytes=None):
     """Opens an offload() scope around every outermost nn.Module forward that autograd
@@ -275,7 +281,12 @@ def offload_forwards(horizon=None, min_bytes=None):
     so that is when the scope is open: a forward pre-hook on every module opens it when the
     thread enters its outermost module with grad mode on (inner modules only count depth),
     the forward hook closes it when that module returns. Under torch.no_grad() no scope
-    opens (evaluation saves nothing). What it leaves untagged: tensors saved by code outside
+    opens (evaluation saves nothing), nor while autograd runs a backward on this thread: a
+    forward called there is activation checkpointing recomputing what it dropped, and the
+    tensors it saves belong to checkpoint's own saved-tensor hooks (a scope opened there would
+    put vramswap's hooks above them: checkpoint then finds nothing saved and raises, and
+    selective checkpointing finds vramswap's operators in the recomputation). What it leaves
+    untagged: tensors saved by code outside
     any module (a loss computed with torch.nn.functional on the model's output; the output
     itself was allocated inside, and is tagged), and forwards called as module.forward(x),
     which torch runs without hooks. A forward that raises skips its forward hook, so the
@@ -299,7 +310,7 @@ def offload_forwards(horizon=None, min_bytes=None):
         if state.depth and state.scope is not None and state.scope[1] is mod:
             _close()  # the module that opened the scope starts again: its last forward raised
         if state.depth == 0:
-            if not torch.is_grad_enabled():
+            if not torch.is_grad_enabled() or _in_backward():
                 return
             cm = offload(horizon=horizon, min_bytes=min_bytes)
             cm.__enter__()
