@@ -76,7 +76,7 @@ void* DevicePool::Impl::take(BlockIt b, uintptr_t start, uint64_t size, cudaStre
 }
 
 bool DevicePool::Impl::push_quick(BlockIt b, cudaStream_t stream) {
-  auto& list = quick_[{stream, b->second.size, b->second.offloadable}];
+  auto& list = quick_[{stream, b->second.size, quick_kind(b->second.offloadable)}];
   if (list.size() >= kQuickPerSize) return false;
   b->second.state = State::kQuick;
   b->second.tag = stream;
@@ -87,7 +87,7 @@ bool DevicePool::Impl::push_quick(BlockIt b, cudaStream_t stream) {
 }
 
 void* DevicePool::Impl::take_quick(uint64_t rounded, cudaStream_t stream, bool offloadable) {
-  auto q = quick_.find({stream, rounded, offloadable});
+  auto q = quick_.find({stream, rounded, quick_kind(offloadable)});
   if (q == quick_.end() || q->second.empty()) return nullptr;
   BlockIt b = q->second.back();
   // The other kind may have come to its granules since it was freed.
@@ -101,7 +101,7 @@ void* DevicePool::Impl::take_quick(uint64_t rounded, cudaStream_t stream, bool o
   b->second.offloadable = offloadable;
   b->second.away = false;
   count_on_granules(b->first, rounded, offloadable, +1);
-  if (offloadable) open_[stream] = granule_index(b->first + rounded - 1);
+  if (offloadable && rounded < granularity_ / 2) open_[stream] = granule_index(b->first + rounded - 1);
   allocated_ += rounded;
   const uint64_t in_use = allocated_ - own_cached();  // Note [Thread caches]
   peak_allocated_ = std::max(peak_allocated_, in_use);
@@ -161,20 +161,16 @@ void* DevicePool::Impl::allocate_offloadable(size_t size, cudaStream_t stream, s
   poll_before_allocating();
   uint64_t rounded = round_up(size, kAlignment);  // the block's size, whichever path takes it
   void* p = nullptr;
-  if (rounded < granularity_ / 2) {
-    // Below half a granule: placed as allocate() places any block (its quick lists
-    // included), so that tagging costs no memory (under the rules of closed_to()).
-    if (quick_blocks_) p = take_quick(rounded, stream, true);
-    if (!p) {
-      flush_quick();
-      p = allocate_slow(size, rounded, stream, true, false, lock, error);
-    }
-  } else {
-    // Larger: whole granules of its own while placing for eviction (its eviction frees all
-    // of it), else densely, as allocate() would place it (nothing is evicted).
+  // From half a granule on, while placing for eviction: whole granules of its own (its
+  // eviction frees all of it), never from a quick list. Else placed as allocate() places any
+  // block (the threads' caches, then its quick lists, then best fit), so that tagging costs
+  // no memory (under the rules of closed_to() for a small block while placing for eviction).
+  const bool own = rounded >= granularity_ / 2 && grouping();
+  if (own) rounded = placed_size(size);
+  caches_to_quick();
+  if (!own && quick_blocks_) p = take_quick(rounded, stream, true);
+  if (!p) {
     flush_quick();
-    const bool own = grouping();
-    if (own) rounded = placed_size(size);
     p = allocate_slow(size, rounded, stream, true, own, lock, error);
   }
   if (p && placed) *placed = rounded;
@@ -320,6 +316,9 @@ bool DevicePool::Impl::free_after_device_synchronization(void* ptr, cudaStream_t
 Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any) {
   if (!ptr) return {};
   std::unique_lock lock(mu_);
+  // With no pressure a free to any stream is a free (deallocate_to_any): its block goes to
+  // its stream's quick list as any block would, so that tagging costs no memory.
+  if (to_any && !grouping()) to_any = false;
   Result result;
   BlockIt b = find_live(ptr, &result);
   if (b == blocks_.end()) return result;
@@ -370,8 +369,12 @@ Result DevicePool::Impl::free_behind(void* ptr, cudaStream_t stream, bool to_any
   } else if (!events.empty()) {
     hold_back(b, std::move(events), to_any ? kAnyStream : stream);
   } else {
-    const bool quick = !to_any && !block.away && !(block.offloadable && block.size >= granularity_ / 2) &&  // own span
-                       !own_cache_full;
+    // A block of half a granule or more placed for eviction (its own span: its granules go
+    // with it) is never quick-listed; with no pressure an offloadable block is cached as any.
+    const bool own_span = block.offloadable && block.size >= granularity_ / 2 && grouping();
+    const bool quick = !to_any && !block.away && !own_span && !own_cache_full;
+    // The threads' cached blocks of its size were freed before it (Note [Thread caches]).
+    if (quick && caches_on_.load(std::memory_order_relaxed)) key_to_quick(stream, block.size);
     if (!quick || !push_quick(b, stream)) release_block(b, stream);
   }
   return {};

@@ -77,7 +77,16 @@
 // failed, an allocation takes any hole on the mapped granules, closed ones included,
 // before it reports out of memory.
 // With no limit and no pressure the pool places densely, as it always did: tagging costs no
-// memory (nothing is evicted, so grouping would only cost). Measured in the CPU-emulation
+// memory (nothing is evicted, so grouping would only cost). A tagged block is then placed,
+// cached and reused as an untagged one would be: one quick list for both kinds (the block
+// freed last of a size is taken first, whichever kind frees or asks), offloadable blocks of
+// half a granule and more quick-listed too, a free to any stream (deallocate_to_any) a plain
+// free, and the threads' cached blocks of a size moved to its quick list before a tagged
+// block freed joins it. Each of these once made the same program place differently
+// tagged: the residual CNN of test_vramswap_run with oneDNN's AVX2 kernels peaked at 134 MiB
+// against 130 untagged (the next allocation of a tagged block's size took an older ordinary
+// block, and a larger one found no room later: OwnSpan.WithNoPressure* in
+// tests/pool/own_span_test.cpp). Measured in the CPU-emulation
 // mode (tests/python/test_vramswap_run.py), with VRAMSWAP_MIN_OFFLOAD_BYTES=64KiB at 60% of
 // the peak: train_transformer.py --batch 24 --heads 2 ran out of memory with dense placement
 // and completes when placing for eviction; --batch 16 --heads 2 --vocab 128 (saved tensors
@@ -238,11 +247,11 @@ class DevicePool {
   // lists included), sharing granules with its neighbours, so that tagging costs no memory,
   // except that while the pool places for eviction (Note [Placing for eviction]) it shares
   // them only with offloadable blocks allocated just before it. A larger one is placed
-  // densely too with no pressure (nothing is evicted then); while placing for eviction it
-  // starts on a granule boundary and covers whole granules no other block touches
-  // (placed_size), never quick-listed: its eviction frees all of it, and its rounding
-  // wastes less than it would for a small block. *placed (may be null): the bytes placed
-  // (0 on failure). Thread-safe.
+  // densely too with no pressure (nothing is evicted then), from the quick lists as any
+  // block; while placing for eviction it starts on a granule boundary and covers whole
+  // granules no other block touches (placed_size), never quick-listed: its eviction frees
+  // all of it, and its rounding wastes less than it would for a small block. *placed (may be
+  // null): the bytes placed (0 on failure). Thread-safe.
   void* allocate_offloadable(size_t size, cudaStream_t stream, std::string* error, uint64_t* placed = nullptr);
 
   // Gives up a live offloadable block's contents (the caller copied them elsewhere and
@@ -291,8 +300,10 @@ class DevicePool {
   // without waiting (its host may run far ahead of the GPU). A block other streams used
   // (record_stream) waits for all their events, then goes to any stream. Allocations look
   // at completed events only while the pool places for eviction (Note [Placing for
-  // eviction]); with no pressure the block waits for the pool's next synchronization, so
-  // that placement does not depend on how far the GPU got. Thread-safe.
+  // eviction]); with no pressure it is deallocate(): the block goes to its stream's quick
+  // list or free blocks as any block would (tagging costs no memory), and for other streams
+  // waits for the pool's next synchronization, so that placement does not depend on how far
+  // the GPU got. Thread-safe.
   Result deallocate_to_any(void* ptr, cudaStream_t stream);
 
   // How far a reclaimer may go: each mode is asked for in turn, with the pool's own

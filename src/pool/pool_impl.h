@@ -123,7 +123,8 @@ extern std::atomic<uint64_t> next_pool_id;     // the next pool's id
 struct QuickKey {
   cudaStream_t stream;
   uint64_t size;
-  bool offloadable;  // freed by a block of that kind, taken back by one of the same kind
+  bool offloadable;  // freed by a block of that kind, taken back by one of the same kind, while
+                     // the pool places for eviction (Impl::quick_kind)
   bool operator==(const QuickKey&) const = default;
 };
 struct QuickKeyHash {
@@ -308,6 +309,12 @@ class DevicePool::Impl {
   }
   // Counts the block of `size` at `addr` on its granules in live_on_[row]: +1 or -1.
   void count_on_granules(uintptr_t addr, uint64_t size, int row, int delta);
+  // The kind a quick list keeps a block of kind `offloadable` under: its own while the pool
+  // places for eviction (Note [Placing for eviction]: a block is taken back only by one of
+  // its kind), else one for both, so that with no pressure an allocation takes the block
+  // freed last of its size and stream whatever either's kind, as with nothing tagged
+  // (tagging costs no memory).
+  bool quick_kind(bool offloadable) const { return offloadable && grouping(); }
   // The quick path of allocate(): a block quick-listed for (stream, rounded), or nullptr.
   void* take_quick(uint64_t rounded, cudaStream_t stream, bool offloadable);
   // Puts the freed block on its quick list for `stream` (the last freed is taken first);
@@ -594,6 +601,14 @@ class DevicePool::Impl {
   // `c`'s cached blocks (c locked) back to the pool: onto the quick lists where `to_quick`
   // and there is room, else freed for their streams.
   void take_cached(ThreadCache& c, bool to_quick);
+  // Moves every thread's cached blocks of (stream, rounded) to the quick list of that key
+  // before a block of that key freed through the pool joins it (an offloadable block, which
+  // no cache holds): the list then keeps the order of the frees, the last freed on top, as
+  // with no caches.
+  void key_to_quick(cudaStream_t stream, uint64_t rounded);
+  // A cached block of `c` (c locked) is the pool's again: onto its quick list where
+  // `to_quick` and there is room, else freed for its stream.
+  void uncache(uintptr_t addr, uint64_t rounded, cudaStream_t stream, bool to_quick);
   // The block is lent to no cache any more (lent_ forgets it).
   void unlend(BlockIt b) {
     if (b->second.owner == nullptr) return;

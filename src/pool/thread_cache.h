@@ -109,6 +109,17 @@ class ThreadCache {
     cached_bytes = 0;
     cached_blocks = 0;
   }
+  // Calls f(addr) for each cached block of (stream, rounded), the first freed first, and
+  // forgets them.
+  template <class F>
+  void drain_cached(cudaStream_t stream, uint64_t rounded, F&& f) {
+    List* list = find_list(stream, rounded);
+    if (list == nullptr) return;
+    for (uint32_t k = 0; k < list->count; ++k) f(list->addrs[k]);
+    cached_bytes -= uint64_t(list->count) * rounded;
+    cached_blocks -= list->count;
+    list->count = 0;
+  }
   // Calls f(addr) for each live block and forgets them (the pool takes them back).
   template <class F>
   void drain_live(F&& f) {

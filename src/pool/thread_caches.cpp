@@ -99,14 +99,25 @@ uint64_t DevicePool::Impl::cached_in_threads() const {
   return bytes;
 }
 
+void DevicePool::Impl::uncache(uintptr_t addr, uint64_t rounded, cudaStream_t stream, bool to_quick) {
+  BlockIt b = blocks_.find(addr);
+  allocated_ -= rounded;
+  count_on_granules(addr, rounded, 0, -1);
+  unlend(b);
+  if (!to_quick || !push_quick(b, stream)) release_block(b, stream);
+}
+
 void DevicePool::Impl::take_cached(ThreadCache& c, bool to_quick) {
-  c.drain_cached([&](uintptr_t addr, uint64_t rounded, cudaStream_t stream) {
-    BlockIt b = blocks_.find(addr);
-    allocated_ -= rounded;
-    count_on_granules(addr, rounded, 0, -1);
-    unlend(b);
-    if (!to_quick || !push_quick(b, stream)) release_block(b, stream);
-  });
+  c.drain_cached([&](uintptr_t addr, uint64_t rounded, cudaStream_t stream) { uncache(addr, rounded, stream, to_quick); });
+}
+
+void DevicePool::Impl::key_to_quick(cudaStream_t stream, uint64_t rounded) {
+  for (auto& c : caches_) {
+    if (c->cached_blocks_now() == 0) continue;
+    c->lock();
+    c->drain_cached(stream, rounded, [&](uintptr_t addr) { uncache(addr, rounded, stream, true); });
+    c->unlock();
+  }
 }
 
 void DevicePool::Impl::empty_thread_cache(ThreadCache& c) {

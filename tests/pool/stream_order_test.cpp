@@ -142,6 +142,8 @@ TEST_F(StreamOrder, WithNoPressureAnotherStreamsAllocationDoesNotDependOnAFreesE
 // is not handed to other streams when the first free's event completes: the neighbour's
 // work, queued after that event, may still run.
 TEST_F(StreamOrder, ToAnyIsNotPromotedWhileAMergedNeighbourIsBusy) {
+  // Under a limit: with no pressure a free to any stream is a plain free (nothing promoted).
+  pool_ = std::make_unique<DevicePool>(PoolOptions{0, 512 * kMiB});
   std::string error;
   void* both = pool_->allocate_offloadable(2 * g_, a_, &error);
   ASSERT_NE(nullptr, both) << error;
