@@ -26,7 +26,6 @@ import platform
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 from . import _config, _lib
@@ -87,17 +86,8 @@ def _python_settings():
 def _extension(kind):
     """-> ("ok", path) once the extension is built (or found in the cache) and loaded into
     torch, else (why not, None): ExtensionUnavailable's message, or the compiler's first
-    error lines. _ext's message keeps only the tail of the compiler's output, which a long
-    cascade of errors fills, so its compiler runs are recorded here (doctor runs on one
-    thread) to read them whole."""
+    error lines (ExtensionBuildError keeps its whole output)."""
     from . import _ext
-    runs = []
-
-    def run(cmd, **kwargs):
-        runs.append(subprocess.run(cmd, **kwargs))
-        return runs[-1]
-
-    _ext.subprocess = types.SimpleNamespace(run=run)
     try:
         if kind == "cpu":
             path = os.environ.get("VRAMSWAP_TORCH_EXT") or _ext.build(kind="cpu")
@@ -108,14 +98,13 @@ def _extension(kind):
         return "ok", str(path)
     except _ext.ExtensionUnavailable as e:
         return str(e), None
-    except Exception as e:  # noqa: BLE001 - a failed build or load is the answer, not an error
-        failed = [r.stderr for r in runs if r.returncode != 0 and r.stderr]
-        lines = [line.strip() for line in (failed[-1] if failed else "").splitlines() if "error" in line.lower()]
+    except _ext.ExtensionBuildError as e:
+        lines = [line.strip() for line in e.compiler_output.splitlines() if "error" in line.lower()]
         if lines:
             return "compile failed: " + "\n".join(lines[:3]), None
+        return str(e).strip().splitlines()[0], None
+    except Exception as e:  # noqa: BLE001 - a failed load is the answer, not an error
         return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__, None
-    finally:
-        _ext.subprocess = subprocess
 
 
 class _DlInfo(ctypes.Structure):

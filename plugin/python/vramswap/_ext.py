@@ -46,6 +46,16 @@ class ExtensionUnavailable(RuntimeError):
     message says what is missing."""
 
 
+class ExtensionBuildError(RuntimeError):
+    """The compiler refused the extension. The message holds the command and the tail of
+    the compiler's output; `compiler_output` holds all of it (its first errors are the
+    cause, which a long cascade pushes out of the tail)."""
+
+    def __init__(self, message, compiler_output):
+        super().__init__(message)
+        self.compiler_output = compiler_output
+
+
 def _torch_include_base():
     # torch's wheels keep the C++ headers under torch/include; a distribution's package may
     # put them in /usr/include.
@@ -212,8 +222,8 @@ def build(out_dir=None, kind="cpu"):
     except OSError as e:  # no compiler
         raise RuntimeError(f"building vramswap's torch extension failed: {cmd[0]}: {e}") from e
     if res.returncode != 0:
-        raise RuntimeError("building vramswap's torch extension failed:\n"
-                           + " ".join(cmd) + "\n" + res.stderr[-4000:])
+        raise ExtensionBuildError("building vramswap's torch extension failed:\n"
+                                  + " ".join(cmd) + "\n" + res.stderr[-4000:], res.stderr)
     if _own_runtime(tmp):
         tmp.unlink()
         raise RuntimeError(
