@@ -28,6 +28,15 @@ may free the process's array) cannot leave it pointing at freed memory, and the 
 exit handlers still read it after Python has torn down; settings after loading go through
 vramswap_configure.
 
+The namespace's C library also creates the threads (cudasim's streams, the engine's), so
+the process's C library would not learn that the process has threads: glibc's malloc takes
+its lock-free single-thread path while __libc_single_threaded is set, and the dynamic
+loader, shared by both namespaces, allocates a thread's thread-local storage with the
+process's malloc. A Python with no threads of its own then corrupted its heap (a cudasim
+thread's first thread-local access racing the interpreter's allocations). So loading first
+starts and joins one thread through the process's C library, which leaves it in its
+multi-threaded mode for good (tests/bench_py/test_namespace_threads.py).
+
 The library is loaded once per process, for one of the two install modes: on cudasim for
 the CPU-emulation mode (vramswap.sim.install_cpu), or on the real CUDA runtime and driver
 for vramswap.install() (cuda.py). Once loaded for one, load() refuses the other.
@@ -188,6 +197,10 @@ def _load_in_namespace(sim, path):
     (Note [cudasim in a namespace of its own]); returns libvramswap.so's ctypes handle and
     sets _cudart. Raises OSError with dlerror()'s message."""
     global _cudart
+    # The process's C library must know that the process has threads (the Note).
+    waker = threading.Thread(target=lambda: None, name="vramswap-multithreaded-libc")
+    waker.start()
+    waker.join()
     libc = ctypes.CDLL(None)
     dlmopen, dlinfo, dlsym, dlerror = libc.dlmopen, libc.dlinfo, libc.dlsym, libc.dlerror
     dlmopen.restype, dlmopen.argtypes = ctypes.c_void_p, [ctypes.c_long, ctypes.c_char_p, ctypes.c_int]
