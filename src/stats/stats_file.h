@@ -3,7 +3,10 @@
 //
 // A regular file, or nothing yet, is replaced atomically: the document goes to a temporary
 // file in the same directory, renamed over the path, so a reader never sees half a
-// document. A symbolic link is followed to what it names (the link stays a link). Anything
+// document. The temporary file cannot be redirected by another user who can write that
+// directory: its name is random and it is created exclusively, never through a link. A
+// symbolic link at the path is followed to what it names (the link stays a link) when this
+// user or root owns it; another user's link is an error. Anything
 // else the path already names (a FIFO, a character device, a socket) is written in place,
 // opened without creating or truncating and without blocking (a FIFO with no reader is an
 // error, not a hang): it is never replaced by a regular file. A directory is an error.

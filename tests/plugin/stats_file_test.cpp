@@ -76,6 +76,46 @@ TEST_F(StatsFile, ASymbolicLinkIsFollowedAndStaysALink) {
   EXPECT_EQ("{}\n", read(dir_ + "/later.json"));
 }
 
+// Another local user who can write the directory must not redirect the write. The first
+// version wrote "<path>.tmp.<pid>" with O_CREAT|O_TRUNC: a symbolic link planted at that
+// predictable name made it overwrite the link's target, and the stats path ended up as the
+// link.
+TEST_F(StatsFile, ALinkPlantedWhereTheTemporaryFileGoesRedirectsNothing) {
+  const std::string victim = dir_ + "/victim";
+  std::ofstream(victim) << "secret";
+  ASSERT_EQ(0, ::chmod(victim.c_str(), 0600));
+  const std::string path = dir_ + "/stats.json";
+  for (const std::string& name : {path + ".tmp." + std::to_string(::getpid()), path + ".tmp"})
+    ASSERT_EQ(0, ::symlink(victim.c_str(), name.c_str()));
+  EXPECT_EQ("", write_stats_file(path, "{\"d\":4}\n"));
+  EXPECT_EQ("secret", read(victim)) << "the planted link redirected the write";
+  EXPECT_EQ(S_IFREG, kind(path)) << "the stats path is not a regular file";
+  EXPECT_EQ("{\"d\":4}\n", read(path));
+  struct stat st;
+  ASSERT_EQ(0, ::stat(victim.c_str(), &st));
+  EXPECT_EQ(0600u, st.st_mode & 07777);
+}
+
+// The path itself may be a link the user made (the test above this one), but a link that
+// another user owns is refused, as the kernel's fs.protected_symlinks refuses one in a
+// shared directory: vramswap resolves links itself, so the kernel's rule does not apply.
+TEST_F(StatsFile, ALinkOwnedByAnotherUserIsNotFollowed) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to give a link to another user";
+  const std::string victim = dir_ + "/victim";
+  std::ofstream(victim) << "secret";
+  const std::string path = dir_ + "/stats.json";
+  ASSERT_EQ(0, ::symlink(victim.c_str(), path.c_str()));
+  ASSERT_EQ(0, ::lchown(path.c_str(), 65534, 65534));
+  const std::string why = write_stats_file(path, "{}\n");
+  EXPECT_NE(std::string::npos, why.find("owned by another user")) << why;
+  EXPECT_EQ("secret", read(victim));
+  EXPECT_EQ(S_IFLNK, kind(path));
+  // One owned by root is followed.
+  ASSERT_EQ(0, ::lchown(path.c_str(), 0, 0));
+  EXPECT_EQ("", write_stats_file(path, "{}\n"));
+  EXPECT_EQ("{}\n", read(victim));
+}
+
 TEST_F(StatsFile, AFifoIsWrittenInPlaceAndStaysAFifo) {
   const std::string fifo = dir_ + "/stats.fifo";
   ASSERT_EQ(0, ::mkfifo(fifo.c_str(), 0600));

@@ -239,11 +239,11 @@ def memory_snapshot():
 def dump_snapshot(path):
     """torch.cuda.memory._dump_snapshot(path): pickles snapshot() to `path`, for torch's
     tools (python -m torch.cuda._memory_viz, https://pytorch.org/memory_viz; torch 2.1 and
-    later) and for `vramswap replay`."""
+    later) and for `vramswap replay`. The file is written so that another user cannot
+    redirect it (vramswap/_files.py)."""
     import pickle
-    data = snapshot()
-    with open(path, "wb") as f:
-        pickle.dump(data, f)
+    from ._files import write_file
+    write_file(path, pickle.dumps(snapshot()))
 
 
 def empty_cache():

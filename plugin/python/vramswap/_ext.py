@@ -25,8 +25,11 @@ Thread safety: load() and load_cuda() are idempotent and guarded by a lock.
 import hashlib
 import os
 import re
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -201,38 +204,57 @@ def build(out_dir=None, kind="cpu"):
                          + salt + str(runtime).encode()).hexdigest()[:16]
     cache = Path(out_dir or os.environ.get("VRAMSWAP_CACHE_DIR")
                  or Path.home() / ".cache" / "vramswap")
-    cache.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_private(cache)
     out = cache / f"{prefix}{key}.so"
     if out.exists():
         return out
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [os.environ.get("CXX", "g++"), cxx_standard(), "-O2", "-fPIC", "-shared",
-           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
-    # torch's and CUDA's headers are system headers: their own warnings are not the
-    # extension's (the suite compiles it with -Wall -Wextra -Werror).
-    for d in _include_dirs():
-        cmd += ["-isystem", d]
-    cmd += extra_inc
-    cmd += [str(source), "-o", str(tmp)]
-    for d in _lib_dirs():
-        cmd += [f"-L{d}", f"-Wl,-rpath,{d}"]
-    cmd += ([runtime] if runtime else []) + ["-lc10", "-ltorch_cpu"] + extra_libs
+    # The compiler writes into a directory of this process's own (mkdtemp: a random name,
+    # mode 0700), never at a name another user could have prepared.
+    build_dir = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True)
-    except OSError as e:  # no compiler
-        raise RuntimeError(f"building vramswap's torch extension failed: {cmd[0]}: {e}") from e
-    if res.returncode != 0:
-        raise ExtensionBuildError("building vramswap's torch extension failed:\n"
-                                  + " ".join(cmd) + "\n" + res.stderr[-4000:], res.stderr)
-    if _own_runtime(tmp):
-        tmp.unlink()
-        raise RuntimeError(
-            f"building vramswap's torch extension failed: {cmd[0]} linked a copy of the C++ runtime "
-            "(libstdc++) into it, which would run beside torch's and crash the process (Note [One C++ "
-            "runtime] in vramswap/_ext.py); set CXX to a compiler that links libstdc++ as a shared "
-            "library")
-    os.replace(tmp, out)
+        tmp = build_dir / out.name
+        cmd = [os.environ.get("CXX", "g++"), cxx_standard(), "-O2", "-fPIC", "-shared",
+               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+        # torch's and CUDA's headers are system headers: their own warnings are not the
+        # extension's (the suite compiles it with -Wall -Wextra -Werror).
+        for d in _include_dirs():
+            cmd += ["-isystem", d]
+        cmd += extra_inc
+        cmd += [str(source), "-o", str(tmp)]
+        for d in _lib_dirs():
+            cmd += [f"-L{d}", f"-Wl,-rpath,{d}"]
+        cmd += ([runtime] if runtime else []) + ["-lc10", "-ltorch_cpu"] + extra_libs
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:  # no compiler
+            raise RuntimeError(f"building vramswap's torch extension failed: {cmd[0]}: {e}") from e
+        if res.returncode != 0:
+            raise ExtensionBuildError("building vramswap's torch extension failed:\n"
+                                      + " ".join(cmd) + "\n" + res.stderr[-4000:], res.stderr)
+        if _own_runtime(tmp):
+            raise RuntimeError(
+                f"building vramswap's torch extension failed: {cmd[0]} linked a copy of the C++ runtime "
+                "(libstdc++) into it, which would run beside torch's and crash the process (Note [One C++ "
+                "runtime] in vramswap/_ext.py); set CXX to a compiler that links libstdc++ as a shared "
+                "library")
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)
     return out
+
+
+def _check_private(cache):
+    """Raises RuntimeError unless `cache` is a directory that only this user (or root) can
+    write: vramswap loads the compiled code it finds there into the process, so a directory
+    another user can write would let them choose the code that runs."""
+    st = cache.stat()
+    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
+        raise RuntimeError(
+            f"vramswap's extension cache {cache} can be written by other users (owner uid "
+            f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): vramswap loads compiled code from "
+            "there, so it must be a directory only you can write. Set VRAMSWAP_CACHE_DIR to one "
+            "(it is created with mode 700), or chmod go-w it")
 
 
 def load():

@@ -57,6 +57,7 @@ import re
 import sys
 from pathlib import Path
 
+from .._files import write_file
 from . import report, runner, scenarios
 from .workload import PHASES
 
@@ -314,7 +315,7 @@ def _write_results_readme(done, skipped, argv, warmup=runner.DEFAULT_WARMUP):
         ]
     for n, why in skipped.items():
         lines += [f"## {n}", "", f"Not run: {why}.", ""]
-    (RESULTS_DIR / "README.md").write_text("\n".join(lines))
+    write_file(RESULTS_DIR / "README.md", "\n".join(lines))
 
 
 def _must_show(done):

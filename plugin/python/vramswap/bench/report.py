@@ -29,6 +29,8 @@ import html
 import json
 from pathlib import Path
 
+from .._files import write_file
+
 COLUMNS = ("policy", "limit", "horizon", "status", "peak device", "d2h", "h2d", "step time", "stall",
            "idle", "ideal", "step/ideal", "bound", "step/bound", "first step")
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
@@ -472,9 +474,7 @@ def write(out_dir, scenario, results, featured=None, card_bytes=None, title=None
     written = []
 
     def put(name, text):
-        p = out / name
-        p.write_text(text)
-        written.append(p)
+        written.append(write_file(out / name, text))
 
     reference = reference_peak(results)
     put("results.json", json.dumps({"scenario": scenario, "reference_peak_bytes": reference,
