@@ -148,7 +148,8 @@ void vramswap_empty_cache(void) VRAMSWAP_NOEXCEPT;
  * by the first allocation on that device: once any pool exists they can no longer change
  * (setting the value in force succeeds; any other value is refused with -1), so set them
  * before the first allocation.
- * Setting a key to a valid value also clears an invalid environment value of that key.
+ * Setting a key to a valid value also clears an invalid environment value of that key
+ * (for VRAMSWAP_CONF: of each key its items set).
  * Thread-safe. */
 int vramswap_configure(const char* key, const char* value) VRAMSWAP_NOEXCEPT;
 

@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <cctype>
 #include <iterator>
+#include <map>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 extern char** environ;
 
@@ -210,36 +213,83 @@ std::optional<std::string> set_key(Config& config, const KeySpec& spec, std::str
 // ~~~~~~~~~~~~~~~~~~~~
 // Every key of the table in one variable, in the style of PYTORCH_CUDA_ALLOC_CONF:
 // "limit:8GiB,horizon:4". An item's key is a table key with or without the VRAMSWAP_
-// prefix, in any case; its value is checked as that key's. A key also set as its own
+// prefix, in any case; its value is checked as that key's. Items are separated by commas;
+// a value that holds a comma or a colon (a directory path) is given in double quotes, which
+// run to the next double quote ('disk_dir:"/data/a,b"'); a double quote anywhere else is an
+// error, so no value is read two ways. A key may be given once: a second item for it is an
+// error naming both, where the last would otherwise win unseen. A key also set as its own
 // variable takes that variable's value (parse() applies the items first; the Python
-// package's check applies variables in name order, VRAMSWAP_CONF first). Every item that
-// cannot be applied is an error that names VRAMSWAP_CONF, the whole value and the item.
+// package's check applies variables in name order, VRAMSWAP_CONF first), and a valid
+// VRAMSWAP_CONF set through vramswap_configure clears a refused value of each key it names.
+// Every item that cannot be applied is an error that names VRAMSWAP_CONF, the whole value
+// and the item.
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+struct ConfItem {
+  std::string_view text;   // the item as given, trimmed
+  std::string key;         // the table key it names (prefixed, upper case); "" when none
+  std::string_view value;  // trimmed, without its quotes
+  std::string error;       // why the item cannot be read (before its value is checked)
+};
+
+// VRAMSWAP_CONF's items: split at commas outside double quotes, empty items skipped.
+std::vector<ConfItem> split_conf(std::string_view value) {
+  std::vector<ConfItem> items;
+  size_t begin = 0;
+  bool quoted = false;
+  for (size_t i = 0; i <= value.size(); ++i) {
+    if (i < value.size() && value[i] == '"') quoted = !quoted;
+    if (i < value.size() && (quoted || value[i] != ',')) continue;
+    ConfItem item;
+    item.text = trim(value.substr(begin, i - begin));
+    begin = i + 1;
+    if (item.text.empty()) continue;
+    const size_t colon = item.text.find(':');
+    if (colon == std::string_view::npos || item.text.substr(0, colon).find('"') != std::string_view::npos) {
+      item.error = "item '" + std::string(item.text) + "' is not key:value; expected items such as limit:8GiB,horizon:4";
+      items.push_back(std::move(item));
+      continue;
+    }
+    item.key = std::string(trim(item.text.substr(0, colon)));
+    for (char& c : item.key) c = char(std::toupper(static_cast<unsigned char>(c)));
+    if (!starts_with_prefix_ignoring_case(item.key)) item.key = std::string(kPrefix) + item.key;
+    item.value = trim(item.text.substr(colon + 1));
+    const size_t quotes = size_t(std::count(item.value.begin(), item.value.end(), '"'));
+    if (quotes != 0) {
+      if (quotes == 2 && item.value.size() >= 2 && item.value.front() == '"' && item.value.back() == '"') {
+        item.value = item.value.substr(1, item.value.size() - 2);
+      } else {
+        item.error = "item '" + std::string(item.text) +
+                     "': a double quote may only enclose a whole value, from just after the colon to "
+                     "the next double quote (as in disk_dir:\"/data/a,b\")";
+      }
+    }
+    items.push_back(std::move(item));
+  }
+  if (quoted && !items.empty() && items.back().error.empty()) {
+    items.back().error = "item '" + std::string(items.back().text) + "': a double quote is not closed";
+  }
+  return items;
+}
+
 std::vector<std::string> apply_conf(Config& config, std::string_view value) {
   std::vector<std::string> errors;
   const std::string whole = std::string(kConfKey) + "='" + std::string(value) + "' is not valid: ";
-  auto trim = [](std::string_view s) {
-    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-    return s;
-  };
-  std::string_view rest = value;
-  while (!rest.empty()) {
-    const size_t comma = rest.find(',');
-    const std::string_view item = trim(rest.substr(0, comma));
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    if (item.empty()) continue;
-    const size_t colon = item.find(':');
-    if (colon == std::string_view::npos) {
-      errors.push_back(whole + "item '" + std::string(item) +
-                       "' is not key:value; expected items such as limit:8GiB,horizon:4");
+  std::map<std::string, std::string_view> seen;  // key -> the item that gave it
+  for (const ConfItem& item : split_conf(value)) {
+    if (!item.error.empty()) {
+      errors.push_back(whole + item.error);
       continue;
     }
-    std::string name(trim(item.substr(0, colon)));
-    for (char& c : name) c = char(std::toupper(static_cast<unsigned char>(c)));
-    if (!starts_with_prefix_ignoring_case(name)) name = std::string(kPrefix) + name;
+    const std::string& name = item.key;
     const KeySpec* spec = find_key(name);
     if (spec == nullptr) {
-      std::string msg = whole + "item '" + std::string(item) + "': ";
+      std::string msg = whole + "item '" + std::string(item.text) + "': ";
       if (is_python_key(name) || name == kConfKey) {
         msg += name + " is not a setting of the library; set it as a variable of its own";
       } else if (std::optional<std::string_view> near = closest_key(name)) {
@@ -252,8 +302,13 @@ std::vector<std::string> apply_conf(Config& config, std::string_view value) {
       errors.push_back(std::move(msg));
       continue;
     }
-    if (std::optional<std::string> error = set_key(config, *spec, trim(item.substr(colon + 1))))
-      errors.push_back(whole + "item '" + std::string(item) + "': " + *error);
+    if (auto [it, fresh] = seen.emplace(name, item.text); !fresh) {
+      errors.push_back(whole + "item '" + std::string(item.text) + "': " + name + " is given twice (also as '" +
+                       std::string(it->second) + "'); give each key once");
+      continue;
+    }
+    if (std::optional<std::string> error = set_key(config, *spec, item.value))
+      errors.push_back(whole + "item '" + std::string(item.text) + "': " + *error);
   }
   return errors;
 }
@@ -353,6 +408,13 @@ std::optional<std::string> apply(Config& config, std::string_view key, std::stri
   const KeySpec* spec = find_key(key);
   if (!spec) return unknown_key_message(key);
   return set_key(config, *spec, value);
+}
+
+std::vector<std::string> keys_in_conf(std::string_view value) {
+  std::vector<std::string> keys;
+  for (const ConfItem& item : split_conf(value))
+    if (item.error.empty() && find_key(item.key) != nullptr) keys.push_back(item.key);
+  return keys;
 }
 
 ParseResult from_environment() {

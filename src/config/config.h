@@ -101,7 +101,8 @@ inline constexpr std::string_view kPythonKeys[] = {
 bool is_python_key(std::string_view name);
 
 // Every key of the table in one variable, "limit:8GiB,horizon:4" (Note [VRAMSWAP_CONF] in
-// config.cpp); a variable of its own wins over the same key there.
+// config.cpp: commas inside a double-quoted value, each key once); a variable of its own
+// wins over the same key there.
 inline constexpr std::string_view kConfKey = "VRAMSWAP_CONF";
 
 // The table, in the order the README lists it. Thread-safe: immutable.
@@ -134,6 +135,11 @@ ParseResult parse(const std::map<std::string, std::string>& env);
 // but an unknown key is an error; VRAMSWAP_CONF sets each of its items, all or none. Returns the error message, or nullopt on success; on
 // error `config` is unchanged. Not thread-safe for concurrent calls on one Config.
 std::optional<std::string> apply(Config& config, std::string_view key, std::string_view value);
+
+// The table keys (prefixed, upper case) that VRAMSWAP_CONF's `value` has readable items
+// for, in item order: what a valid vramswap_configure("VRAMSWAP_CONF", value) sets, so
+// what it clears a refused environment value of. Thread-safe: pure.
+std::vector<std::string> keys_in_conf(std::string_view value);
 
 // parse() of the process environment. Thread-safe except against concurrent
 // setenv/putenv/unsetenv (it reads `environ`).

@@ -77,10 +77,13 @@ std::optional<std::string> Allocator::configure(std::string_view key, std::strin
   config_ = std::move(next);
   min_offload_bytes_.store(config_.min_offload_bytes, std::memory_order_relaxed);
   stats::set_log_level(config_.log_level);
-  if (auto it = bad_environment_.find(key); it != bad_environment_.end()) {
-    bad_environment_.erase(it);
-    blocked_.store(!bad_environment_.empty(), std::memory_order_release);
-  }
+  // A valid value clears a refused environment value of the key it sets: VRAMSWAP_CONF
+  // sets the keys its items name (vramswap.h).
+  std::vector<std::string> cleared{std::string(key)};
+  if (key == config::kConfKey)
+    for (std::string& named : config::keys_in_conf(value)) cleared.push_back(std::move(named));
+  for (const std::string& k : cleared) bad_environment_.erase(k);
+  blocked_.store(!bad_environment_.empty(), std::memory_order_release);
   return std::nullopt;
 }
 

@@ -796,5 +796,40 @@ TEST(Conf, ApplyTakesAllItemsOrNone) {
   EXPECT_EQ(c.horizon, 6u) << "nothing applied";
 }
 
+// A key given twice would silently take the last value; it is an error naming both items.
+TEST(Conf, AKeyGivenTwiceIsAnErrorNamingBothItems) {
+  const std::string value = "limit:1GiB,horizon:2,VRAMSWAP_LIMIT:2GiB";
+  ParseResult r = parse({{"VRAMSWAP_CONF", value}});
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_EQ(r.errors[0], "VRAMSWAP_CONF='" + value + "' is not valid: item 'VRAMSWAP_LIMIT:2GiB': "
+                         "VRAMSWAP_LIMIT is given twice (also as 'limit:1GiB'); give each key once");
+  Config c;
+  EXPECT_TRUE(apply(c, "VRAMSWAP_CONF", "horizon:3, HORIZON:3").has_value()) << "even with the same value";
+  EXPECT_EQ(c.horizon, Config().horizon);
+}
+
+// A value holding a comma (a directory path) is given in double quotes, which run to the
+// next double quote; a double quote anywhere else is an error.
+TEST(Conf, ADoubleQuotedValueMayHoldCommasAndColons) {
+  ParseResult r = parse({{"VRAMSWAP_CONF", "disk_dir:\"/data/a,b:c\", stats_file : \" /tmp/x,y.json\" ,horizon:2"}});
+  ASSERT_TRUE(r.ok()) << r.errors.front();
+  EXPECT_EQ(r.config.disk_dir, "/data/a,b:c");
+  EXPECT_EQ(r.config.stats_file, " /tmp/x,y.json") << "inside the quotes, spaces are the value's";
+  EXPECT_EQ(r.config.horizon, 2u);
+  for (const std::string value : {"disk_dir:\"/data/a,horizon:2", "stats_file:/tmp/a\"b\"", "stats_file:\"/a\"b"}) {
+    ParseResult bad = parse({{"VRAMSWAP_CONF", value}});
+    ASSERT_EQ(bad.errors.size(), 1u) << value;
+    EXPECT_NE(bad.errors[0].find("double quote"), std::string::npos) << bad.errors[0];
+    EXPECT_TRUE(bad.errors[0].starts_with("VRAMSWAP_CONF='" + value + "' is not valid: item '")) << bad.errors[0];
+  }
+}
+
+// What vramswap_configure("VRAMSWAP_CONF", ...) clears: the keys its items set.
+TEST(Conf, KeysInConfAreTheTableKeysItsItemsName) {
+  EXPECT_EQ(keys_in_conf("limit:8GiB, Horizon:2,VRAMSWAP_LOG:info,disk_dir:\"/a,b\""),
+            (std::vector<std::string>{"VRAMSWAP_LIMIT", "VRAMSWAP_HORIZON", "VRAMSWAP_LOG", "VRAMSWAP_DISK_DIR"}));
+  EXPECT_TRUE(keys_in_conf("").empty());
+}
+
 }  // namespace
 }  // namespace vramswap::config

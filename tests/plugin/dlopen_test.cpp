@@ -1924,4 +1924,26 @@ TEST(PluginBadEnvironment, AllocationIsRefusedUntilTheValueIsFixed) {
   a.free(p, kMiB, 0, nullptr);
 }
 
+// vramswap.h: setting a key to a valid value clears a refused environment value of that key,
+// and VRAMSWAP_CONF sets the keys its items name. The first version cleared only an entry
+// keyed VRAMSWAP_CONF: configure returned 0 and every allocation still failed naming
+// VRAMSWAP_LIMIT='12XB'.
+TEST(PluginBadEnvironment, AValidConfItemClearsTheRefusedVariable) {
+  const char* limit = std::getenv("VRAMSWAP_LIMIT");
+  if (!limit || std::string(limit) != "12XB") GTEST_SKIP() << "needs VRAMSWAP_LIMIT=12XB";
+  const Api& a = api();
+  ASSERT_NE(a.malloc, nullptr);
+  EXPECT_EQ(a.malloc(kMiB, 0, nullptr), nullptr);
+  EXPECT_EQ(a.configure("VRAMSWAP_CONF", "horizon:2"), 0) << last_error();
+  EXPECT_EQ(a.malloc(kMiB, 0, nullptr), nullptr) << "an item of another key clears nothing";
+  EXPECT_NE(last_error().find("VRAMSWAP_LIMIT='12XB'"), std::string::npos) << last_error();
+  EXPECT_EQ(a.configure("VRAMSWAP_CONF", "limit:64MiB,limit:32MiB"), -1) << "a key given twice";
+  EXPECT_NE(last_error().find("given twice"), std::string::npos) << last_error();
+  EXPECT_EQ(a.configure("VRAMSWAP_CONF", "limit:64MiB,horizon:2"), 0) << last_error();
+  void* p = a.malloc(kMiB, 0, nullptr);
+  ASSERT_NE(p, nullptr) << last_error();
+  EXPECT_EQ(number(stats(), "device_limit_bytes"), 64 * kMiB);
+  a.free(p, kMiB, 0, nullptr);
+}
+
 }  // namespace

@@ -94,6 +94,10 @@ def case_json():
     check(config.get("VRAMSWAP_LIMIT", {}).get("value") == "48MiB"
           and config.get("VRAMSWAP_LIMIT", {}).get("source") == "VRAMSWAP_CONF",
           f"VRAMSWAP_LIMIT=48MiB from VRAMSWAP_CONF ({config.get('VRAMSWAP_LIMIT')})")
+    from vramswap import _config
+    check(_config.conf_items('disk_dir:"/data/a,b:c" , Horizon:2,limit') ==
+          {"VRAMSWAP_DISK_DIR": "/data/a,b:c", "VRAMSWAP_HORIZON": "2"},
+          "doctor reads VRAMSWAP_CONF's items as the library does (a quoted value holds commas)")
     soft = config.get("VRAMSWAP_SOFT_LIMIT", {})
     check(soft.get("source") == "default" and soft.get("value") == soft.get("default") and soft.get("value"),
           f"VRAMSWAP_SOFT_LIMIT untouched: its default ({soft})")

@@ -75,6 +75,33 @@ def name(key):
     return upper if upper.startswith(PREFIX) else PREFIX + upper
 
 
+def conf_items(value):
+    """{key: value} for VRAMSWAP_CONF's readable items, keys prefixed and upper case, by the
+    library's rule (Note [VRAMSWAP_CONF] in src/config/config.cpp): items split at commas
+    outside double quotes, a value in double quotes taken without them. Only for showing
+    where a setting came from (vramswap doctor); the library checks the items."""
+    items, current, quoted = [], "", False
+    for ch in value + ",":
+        if ch == '"':
+            quoted = not quoted
+        if ch == "," and not quoted:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    out = {}
+    for item in items:
+        key, colon, text = item.strip().partition(":")
+        key = key.strip().upper()
+        if not colon or not key or '"' in key:
+            continue
+        text = text.strip()
+        if len(text) >= 2 and text[0] == text[-1] == '"' and text.count('"') == 2:
+            text = text[1:-1]
+        out[key if key.startswith(PREFIX) else PREFIX + key] = text
+    return out
+
+
 def _invalid(variable, shown, reason, accepted):
     """The library's form of a refusal (src/config/config.cpp, invalid_value_message)."""
     return f"{variable}={shown} is not valid" + (f" ({reason})" if reason else "") + f": expected {accepted}"

@@ -50,12 +50,7 @@ def _settings():
                               text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
         return {}, f"the settings could not be read: {e}"
-    conf = {}
-    for item in os.environ.get("VRAMSWAP_CONF", "").split(","):
-        key, colon, value = item.partition(":")
-        key = key.strip().upper()
-        if colon:
-            conf[key if key.startswith(_config.PREFIX) else _config.PREFIX + key] = value.strip()
+    conf = _config.conf_items(os.environ.get("VRAMSWAP_CONF", ""))
     settings = {}
     for line in proc.stderr.splitlines():
         m = _SETTING.match(line)
