@@ -222,10 +222,12 @@ class DevicePool {
   // or record_stream named it, or blocks it freed are cached for it, the stream is
   // synchronized once (its queued work is what reuse had to wait for) and those blocks no
   // longer wait on it: cached ones become free for any stream, live ones free as if that
-  // stream had never used them. A stream the pool does not know costs nothing, once no
-  // other thread's allocation is synchronizing it (with streams_reported, to retire the
-  // blocks it freed): the call waits for that. A refusal (the synchronization failed) leaves
-  // everything as it was. Thread-safe.
+  // stream had never used them, pending frees for it free for any stream once their other
+  // events complete. Once it returns, no block, free list, cache or pending free names the
+  // stream (Note [A destroyed stream is forgotten] in stream_order.cpp). A stream the pool
+  // does not know costs nothing, once no other thread is synchronizing it or the device
+  // with its cached blocks held (to retire them): the call waits for that. A refusal (the
+  // synchronization failed) leaves everything as it was. Thread-safe.
   Result stream_destroyed(cudaStream_t stream);
 
   // Device `peer` may access this pool's blocks from now on: every mapping now and later

@@ -430,6 +430,10 @@ class DevicePool::Impl {
   // synchronized: its blocks keep their tag. False when nothing was retired.
   bool synchronize_and_retire(std::unique_lock<std::mutex>& lock, cudaStream_t only,
                               cudaStream_t caller = kAnyStream);
+  // stream_destroyed()'s last step, `stream` synchronized and no other call naming it: every
+  // block, free list, cache, pending free and promotion that names it names it no more (Note
+  // [A destroyed stream is forgotten] in stream_order.cpp).
+  void forget_stream(cudaStream_t stream);
   // The device may be synchronized on behalf of `caller`: no capture is reported underway
   // (PoolOptions::captures) and `caller` is not capturing (any stream capturing on the device
   // would be invalidated, in every capture mode).
@@ -538,9 +542,10 @@ class DevicePool::Impl {
   Reclaimer reclaimer_;
   int reclaimer_calls_ = 0;                  // calls of reclaimer_ in progress (lock released)
   std::condition_variable reclaimer_idle_;   // notified when reclaimer_calls_ drops to 0
-  // Streams synchronize_and_retire() is synchronizing with the lock released (one entry per
-  // call), and the condition stream_destroyed() waits on until its stream is not among them:
-  // the program must not destroy a stream the pool is about to name.
+  // Streams synchronize_and_retire() names to CUDA or holds the cached blocks of with the lock
+  // released (one entry per call), and the condition stream_destroyed() waits on until its
+  // stream is not among them: the program must not destroy a stream the pool is about to
+  // name, and its blocks must be back to be forgotten (Note [A destroyed stream is forgotten]).
   std::vector<cudaStream_t> syncing_;
   std::condition_variable synced_;
 

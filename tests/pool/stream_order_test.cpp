@@ -11,7 +11,9 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "pool_test_util.h"
 
@@ -417,6 +419,81 @@ TEST_F(StreamOrder, EmptyCacheKeepsAHeldBackBlockUntilItsStreamsFinish) {
   pool().empty_cache();
   EXPECT_EQ(0u, stats().reserved_bytes) << "B finished; the block is no longer pending";
   EXPECT_EQ(0u, sim_counters()->physical_bytes);
+}
+
+// Under the preload, which reports every stream before it is destroyed
+// (PoolOptions::streams_reported), empty_cache and the pressure steps synchronize each stream
+// that cached blocks are tagged with, one by one, instead of the device: a tag naming a
+// destroyed stream is then a CUDA call on a destroyed handle (cudasim stops the program; on a
+// GPU the driver may crash, or a new stream created at that address reuses the block with no
+// ordering).
+class StreamOrderStreamsReported : public StreamOrder {
+ protected:
+  bool streams_reported() const override { return true; }
+
+  // The blocks whose view names `stream` (live: allocated on it; free: reusable only by it).
+  std::vector<uintptr_t> blocks_naming(cudaStream_t stream) const {
+    std::vector<uintptr_t> naming;
+    for (const DevicePool::BlockView& b : pool_->memory_view().blocks)
+      if (b.stream == address(stream)) naming.push_back(b.addr);
+    return naming;
+  }
+};
+
+// N3: a block allocated on A and freed on S waits for an event on A, then becomes free for S.
+// S is destroyed (stream_destroyed first, as the preload's cudaStreamDestroy calls it) once
+// A's event has completed: stream_destroyed synchronized S and polled the pending frees, and
+// the block became free for S and kept that tag; empty_cache then synchronized S, destroyed
+// by then. (In the attack report A's event completed in that window in 4 runs of 5; here
+// A's work is awaited first, so every run takes that path.)
+TEST_F(StreamOrderStreamsReported, AFreeWaitingForAnotherStreamNeverNamesItsDestroyedStream) {
+  auto freeing = std::make_unique<Stream>();
+  ASSERT_CUDA_OK(freeing->status());
+  const cudaStream_t s = *freeing;
+  void* p = allocate(g_, a_);
+  ASSERT_NE(nullptr, p);
+  ASSERT_CUDA_OK(cudaMemsetAsync(p, 0x4e, g_, a_));
+  deallocate(p, s);  // pending behind an event on A, then free for S
+  ASSERT_CUDA_OK(wait_for_stream(a_));
+  const Result destroyed = pool().stream_destroyed(s);
+  ASSERT_TRUE(destroyed.ok) << destroyed.message;
+  // Asserted before the stream goes: with a block still tagged for it, empty_cache below would
+  // stop the process.
+  ASSERT_EQ(std::vector<uintptr_t>{}, blocks_naming(s)) << "a block still names the destroyed stream";
+  freeing.reset();  // the program destroys it
+
+  pool().empty_cache();
+  EXPECT_EQ(0u, stats().reserved_bytes) << "the block is free for every stream: nothing keeps its pages";
+  void* q = allocate(g_, b_);
+  EXPECT_NE(nullptr, q);
+  if (q != nullptr) deallocate(q, b_);
+}
+
+// The same with the destroyed stream on the other side: a block allocated on S and named by
+// record_stream for B, freed on A, waits for events on S and B. Once S is destroyed, neither
+// the pending block nor the free block it becomes may name S.
+TEST_F(StreamOrderStreamsReported, APendingBlockAllocatedOnADestroyedStreamNamesItNoMore) {
+  auto allocating = std::make_unique<Stream>();
+  ASSERT_CUDA_OK(allocating->status());
+  const cudaStream_t s = *allocating;
+  StreamGate gate;
+  ASSERT_CUDA_OK(gate.hold(b_));  // B's event stays incomplete: the block stays pending
+  ASSERT_TRUE(gate.wait_entered());
+  LetGoLater let_go(gate, kHangTimeout);
+  void* p = allocate(g_, s);
+  ASSERT_NE(nullptr, p);
+  ASSERT_TRUE(pool().record_stream(p, b_).ok);
+  deallocate(p, a_);
+  const Result destroyed = pool().stream_destroyed(s);
+  ASSERT_TRUE(destroyed.ok) << destroyed.message;
+  ASSERT_EQ(std::vector<uintptr_t>{}, blocks_naming(s)) << "the pending block still names the destroyed stream";
+  allocating.reset();
+
+  let_go.finish();
+  ASSERT_CUDA_OK(wait_for_stream(b_));
+  pool().empty_cache();
+  EXPECT_EQ(std::vector<uintptr_t>{}, blocks_naming(s));
+  EXPECT_EQ(0u, stats().reserved_bytes);
 }
 
 }  // namespace

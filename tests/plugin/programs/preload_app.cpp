@@ -33,6 +33,17 @@
 //               block. Prints "peer: ok" when every byte arrived.
 // --peer-without-access  the same copies without enabling peer access (the copy on device
 //               1's stream must fault).
+// --destroyed-free-stream N  N times: a block allocated and written on stream O, freed on
+//               stream S (S waits for O's write first, as CUDA requires), S destroyed, then
+//               vramswap_empty_cache (found with dlsym, so only under the preload), O
+//               destroyed. An allocator that still names S afterwards stops the program on
+//               cudasim. Prints "destroyed free stream: ok".
+// --stream-threads T  T threads, each making rounds of: two streams created (its own and
+//               a second one), blocks allocated and written on its own stream and freed there,
+//               or on the second stream after an event (their reuse waits for the first
+//               stream), some read back and compared, vramswap_empty_cache now and then; both
+//               streams destroyed at the end of the round while the other threads carry on.
+//               A fixed seed per thread. Prints "stream threads: ok".
 // Exit status: 0 when every check held, 1 otherwise (the failed check is on stderr).
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -43,6 +54,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -273,12 +285,126 @@ void peer_copy(bool enable) {
   CHECK_CUDA(cudaFree(after));
 }
 
+// vramswap_empty_cache as an unchanged program reaches it (see Offload), or null.
+using EmptyCache = void (*)();
+EmptyCache find_empty_cache() {
+  auto f = reinterpret_cast<EmptyCache>(dlsym(RTLD_DEFAULT, "vramswap_empty_cache"));
+  if (!f) {
+    std::fprintf(stderr, "preload_app: vramswap_empty_cache is not in the process (run it under the preload)\n");
+    ++failures;
+  }
+  return f;
+}
+
+// --destroyed-free-stream (see the top of the file).
+void destroyed_free_stream(size_t iterations) {
+  constexpr size_t kBytes = 1 << 20;
+  EmptyCache empty_cache = find_empty_cache();
+  if (!empty_cache) return;
+  for (size_t i = 0; i < iterations && failures == 0; ++i) {
+    cudaStream_t o = nullptr, s = nullptr;
+    cudaEvent_t written = nullptr;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&o, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaEventCreateWithFlags(&written, cudaEventDisableTiming));
+    void* p = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&p, kBytes, o));
+    if (p) CHECK_CUDA(cudaMemsetAsync(p, 0x4e, kBytes, o));
+    CHECK_CUDA(cudaEventRecord(written, o));
+    CHECK_CUDA(cudaStreamWaitEvent(s, written, 0));
+    if (p) CHECK_CUDA(cudaFreeAsync(p, s));
+    CHECK_CUDA(cudaStreamDestroy(s));
+    empty_cache();
+    CHECK_CUDA(cudaEventDestroy(written));
+    CHECK_CUDA(cudaStreamDestroy(o));
+  }
+  if (failures == 0) std::printf("destroyed free stream: ok\n");
+}
+
+// --stream-threads (see the top of the file).
+void stream_threads(size_t threads) {
+  constexpr int kRounds = 4, kOps = 48;
+  constexpr size_t kLive = 3;  // blocks a thread keeps before freeing the oldest
+  EmptyCache empty_cache = find_empty_cache();
+  if (!empty_cache) return;
+  std::vector<int> wrong(threads, 0);
+  std::vector<std::thread> workers;
+  for (size_t t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      unsigned seed = 7919u * unsigned(t + 1);
+      auto next = [&seed](unsigned n) {
+        seed = seed * 1103515245u + 12345u;
+        return (seed >> 8) % n;
+      };
+      std::vector<unsigned char> out;
+      for (int round = 0; round < kRounds; ++round) {
+        cudaStream_t own = nullptr, second = nullptr;
+        cudaEvent_t done = nullptr;
+        if (cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking) != cudaSuccess ||
+            cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking) != cudaSuccess ||
+            cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) {
+          ++wrong[t];
+          return;
+        }
+        std::vector<std::pair<void*, size_t>> live;
+        auto free_oldest = [&] {
+          auto [p, n] = live.front();
+          live.erase(live.begin());
+          if (next(2) == 0) {
+            if (cudaFreeAsync(p, own) != cudaSuccess) ++wrong[t];
+            return;
+          }
+          // Freed on the second stream once the first's work on it is done: vramswap holds it
+          // behind an event on the first stream, then keeps it for the second.
+          if (cudaEventRecord(done, own) != cudaSuccess || cudaStreamWaitEvent(second, done, 0) != cudaSuccess ||
+              cudaFreeAsync(p, second) != cudaSuccess)
+            ++wrong[t];
+        };
+        for (int op = 0; op < kOps; ++op) {
+          const size_t n = 4096 * (1 + next(1024));  // 4 KiB to 4 MiB
+          const auto value = static_cast<unsigned char>(next(256));
+          void* p = nullptr;
+          if (cudaMallocAsync(&p, n, own) != cudaSuccess || !p) {
+            ++wrong[t];
+            continue;
+          }
+          if (cudaMemsetAsync(p, value, n, own) != cudaSuccess) ++wrong[t];
+          if (next(4) == 0) {  // read back on the same stream: nobody else may have written it
+            out.assign(n, 0);
+            if (cudaMemcpyAsync(out.data(), p, n, cudaMemcpyDeviceToHost, own) != cudaSuccess ||
+                cudaStreamSynchronize(own) != cudaSuccess ||
+                std::any_of(out.begin(), out.end(), [value](unsigned char c) { return c != value; }))
+              ++wrong[t];
+          }
+          live.emplace_back(p, n);
+          if (live.size() > kLive) free_oldest();
+          if (next(16) == 0) empty_cache();
+        }
+        while (!live.empty()) free_oldest();
+        // The program is done with both streams (the second may still hold frees waiting on
+        // the first): destroyed while the other threads go on allocating and emptying.
+        if (cudaStreamDestroy(second) != cudaSuccess || cudaStreamDestroy(own) != cudaSuccess ||
+            cudaEventDestroy(done) != cudaSuccess)
+          ++wrong[t];
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  empty_cache();
+  for (size_t t = 0; t < threads; ++t) {
+    if (wrong[t] != 0) std::fprintf(stderr, "preload_app: stream thread %zu: %d failed calls or checks\n", t, wrong[t]);
+    CHECK(wrong[t] == 0);
+  }
+  if (failures == 0) std::printf("stream threads: ok\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::printf("preload_app: start\n");
   std::fflush(stdout);
-  unsigned long long oom_bytes = 0, big_bytes = 0, offload_blocks = 0;
+  unsigned long long oom_bytes = 0, big_bytes = 0, offload_blocks = 0, destroyed_free_iterations = 0,
+                     threads = 0;
   bool reuse_after_legacy_free = false, capture = false, peer = false, peer_without_access = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--legacy-reuse") reuse_after_legacy_free = true;
@@ -288,6 +414,9 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--oom" && i + 1 < argc) oom_bytes = std::strtoull(argv[++i], nullptr, 10);
     if (std::string(argv[i]) == "--big" && i + 1 < argc) big_bytes = std::strtoull(argv[++i], nullptr, 10);
     if (std::string(argv[i]) == "--offload" && i + 1 < argc) offload_blocks = std::strtoull(argv[++i], nullptr, 10);
+    if (std::string(argv[i]) == "--destroyed-free-stream" && i + 1 < argc)
+      destroyed_free_iterations = std::strtoull(argv[++i], nullptr, 10);
+    if (std::string(argv[i]) == "--stream-threads" && i + 1 < argc) threads = std::strtoull(argv[++i], nullptr, 10);
   }
 
   size_t free_bytes = 0, total_bytes = 0;
@@ -404,6 +533,8 @@ int main(int argc, char** argv) {
   if (reuse_after_legacy_free) legacy_reuse();
   if (capture) capture_at_the_limit();
   if (peer || peer_without_access) peer_copy(peer);
+  if (destroyed_free_iterations) destroyed_free_stream(destroyed_free_iterations);
+  if (threads) stream_threads(threads);
 
   if (big_bytes) {
     void* d = nullptr;
