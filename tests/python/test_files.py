@@ -8,7 +8,9 @@ user (vramswap/_files.py; the C++ side, VRAMSWAP_STATS_FILE, is tests/plugin/sta
     written in place; a directory is an error;
   - dump_snapshot and the benchmark's report write through it;
   - the torch extensions' cache must be a directory only this user can write, since
-    vramswap loads the code it finds there.
+    vramswap loads the code it finds there: one of this user's own loses others' write
+    permission, one of another user's is refused, and a built extension this user does not
+    own (or others can write) is built again.
 Usage: python3 tests/python/test_files.py   (exit status 0: every check held)
 """
 import os
@@ -124,9 +126,26 @@ def main():
             shared = d / "shared-cache"
             shared.mkdir()
             shared.chmod(0o777)
-            check(raises(lambda: _ext.build(out_dir=shared), RuntimeError, "can be written by other users"),
-                  "a cache other users can write is refused before anything is built")
-            check(list(shared.iterdir()) == [], "nothing was written into it")
+            _ext._check_private(shared)
+            check(stat.S_IMODE(shared.stat().st_mode) == 0o755,
+                  "a cache of this user's own that others could write loses their write permission")
+            mine = shared / "libvramswap_torch_cpu_0123456789abcdef.so"
+            mine.write_bytes(b"\x7fELF")
+            mine.chmod(0o755)
+            check(_ext._trusted(mine), "an extension this user built is loaded")
+            mine.chmod(0o777)
+            check(not _ext._trusted(mine), "one others could write is built again")
+            if os.geteuid() == 0:
+                mine.chmod(0o755)
+                os.chown(mine, 65534, 65534)
+                check(not _ext._trusted(mine), "one another user left there is built again")
+                theirs = d / "their-cache"
+                theirs.mkdir()
+                theirs.chmod(0o777)
+                os.chown(theirs, 65534, 65534)
+                check(raises(lambda: _ext.build(out_dir=theirs), RuntimeError, "can be written by another user")
+                      and list(theirs.iterdir()) == [],
+                      "a cache another user owns, others may write, is refused before anything is built")
             private = d / "private-cache"
             private.mkdir(mode=0o700)
             check(not raises(lambda: _ext._check_private(private), RuntimeError, ""),

@@ -208,7 +208,9 @@ def build(out_dir=None, kind="cpu"):
     _check_private(cache)
     out = cache / f"{prefix}{key}.so"
     if out.exists():
-        return out
+        if _trusted(out):
+            return out
+        out.unlink()  # not this user's own build: built again below
     # The compiler writes into a directory of this process's own (mkdtemp: a random name,
     # mode 0700), never at a name another user could have prepared.
     build_dir = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
@@ -245,16 +247,26 @@ def build(out_dir=None, kind="cpu"):
 
 
 def _check_private(cache):
-    """Raises RuntimeError unless `cache` is a directory that only this user (or root) can
-    write: vramswap loads the compiled code it finds there into the process, so a directory
-    another user can write would let them choose the code that runs."""
+    """Makes sure only this user (or root) can write `cache`, since vramswap loads the
+    compiled code it finds there: a directory of this user's own that others may write (as
+    an older vramswap created it under a umask of 002) loses group and other write
+    permission; one another user owns is refused with RuntimeError."""
     st = cache.stat()
-    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
+    if st.st_uid not in (os.geteuid(), 0) or (st.st_uid != os.geteuid() and st.st_mode & 0o022):
         raise RuntimeError(
-            f"vramswap's extension cache {cache} can be written by other users (owner uid "
+            f"vramswap's extension cache {cache} can be written by another user (owner uid "
             f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): vramswap loads compiled code from "
             "there, so it must be a directory only you can write. Set VRAMSWAP_CACHE_DIR to one "
-            "(it is created with mode 700), or chmod go-w it")
+            "of your own (it is created with mode 700)")
+    if st.st_mode & 0o022:
+        os.chmod(cache, stat.S_IMODE(st.st_mode) & ~0o022)
+
+
+def _trusted(path):
+    """Whether the built extension at `path` may be loaded: a regular file this user or root
+    owns that nobody else can write (a file another user left there is built again)."""
+    st = os.lstat(path)
+    return stat.S_ISREG(st.st_mode) and st.st_uid in (os.geteuid(), 0) and not st.st_mode & 0o022
 
 
 def load():
