@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from environment import child_environment
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "python" / "scripts" / "train_ddp.py"
 LIMIT_PERCENT = 60
@@ -53,10 +55,7 @@ def launch(prefix, tmp, tag, per_rank_env):
     port = str(free_port())
     procs = []
     for rank in range(WORLD):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMSWAP_")
-               or k in ("VRAMSWAP_LIBRARY", "VRAMSWAP_CUDASIM_DIR", "VRAMSWAP_CACHE_DIR", "VRAMSWAP_TORCH_EXT")}
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "plugin" / "python")]
-                                            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env = child_environment()
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=port, OMP_NUM_THREADS="1")
         env.update(per_rank_env(rank))

@@ -70,6 +70,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from environment import child_environment
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SCRIPT = HERE / "scripts" / "train_gpt2.py"
@@ -180,12 +182,7 @@ def _watched_save_on_cpu(torch, vramswap, info):
 # -- the parent -------------------------------------------------------------------------------
 
 def child_env(tmp, extra):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "plugin" / "python")]
-                                        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    for k in [k for k in env if k.startswith("VRAMSWAP_") and k not in
-              ("VRAMSWAP_LIBRARY", "VRAMSWAP_CUDASIM_DIR", "VRAMSWAP_CACHE_DIR", "VRAMSWAP_TORCH_EXT")]:
-        del env[k]
+    env = child_environment()
     # One inductor cache for every child: the C++ the first compile built is reused.
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "inductor")
     env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # no pool of compile workers on 2 cores

@@ -73,6 +73,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from environment import child_environment
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_transformer.py"
 CNN = Path(__file__).resolve().parent / "scripts" / "train_cnn.py"
@@ -97,13 +99,7 @@ MIB = 1 << 20
 
 
 def run(cmd, env_extra, tmp, may_fail=False):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "plugin" / "python")]
-                                        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    for k in [k for k in env if k.startswith("VRAMSWAP_") and k not in
-              ("VRAMSWAP_LIBRARY", "VRAMSWAP_CUDASIM_DIR", "VRAMSWAP_CACHE_DIR", "VRAMSWAP_TORCH_EXT")]:
-        del env[k]
-    env.update(env_extra)
+    env = child_environment(env_extra)
     proc = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 and not may_fail:
         # Every run goes on, so that one failure does not hide the others' checks; the
