@@ -8,6 +8,7 @@ What exists so far (see DESIGN.md, "Who uses it and how"):
   vramswap.offload()                  the autograd tracker (saved-tensor hooks)
   vramswap.offload_frozen(module)     frozen weights streamed layer by layer (kept.py)
   vramswap.offload_optimizer(opt)     optimizer state off the device between steps (kept.py)
+  vramswap.materialize(module_or_opt) their kept blocks back on the device, for a direct read
   vramswap.memory_stats()             vramswap_stats_json as a dict, plus torch's key names
   vramswap.memory_allocated(), max_memory_allocated(), memory_reserved(),
   max_memory_reserved(), reset_peak_memory_stats()   torch.cuda's functions, by their names
@@ -39,7 +40,7 @@ __all__ = ["__version__", "install", "installed", "sim", "offload", "memory_stat
            "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
            "reset_peak_memory_stats", "memory_summary", "record_memory_history", "snapshot", "memory_snapshot",
            "dump_snapshot", "empty_cache", "enable_peer_access", "tracker_stats", "offload_frozen",
-           "offload_optimizer",
+           "offload_optimizer", "materialize",
            "VramswapError", "ConfigError",
            "OutOfMemoryError"]
 
@@ -48,6 +49,7 @@ __all__ = ["__version__", "install", "installed", "sim", "offload", "memory_stat
 _LAZY = {"sim": ("sim", None), "install": ("cuda", "install"), "installed": ("cuda", "installed"),
          "offload": ("tracker", "offload"), "tracker_stats": ("tracker", "tracker_stats"),
          "offload_frozen": ("kept", "offload_frozen"), "offload_optimizer": ("kept", "offload_optimizer"),
+         "materialize": ("kept", "materialize"),
          "OutOfMemoryError": ("_errors", "OutOfMemoryError")}
 
 

@@ -41,8 +41,8 @@ memory at its no-offload peak less 14 MiB: its six layers' adapters held six gra
 2 MiB for 1.2 MiB of tensors.
 The promises the caller makes: a frozen parameter is read only inside the forward of a
 module that holds it (a weight tied into another module's forward by a functional call is
-not seen), never written, and no saved-tensor hooks nested inside an offload scope keep a
-frozen weight itself for backward.
+not seen) or as Note [Reads outside a use] allows, never written, and no saved-tensor hooks
+nested inside an offload scope keep a frozen weight itself for backward.
 
 Note [Optimizer state]
 ----------------------
@@ -57,8 +57,40 @@ whole model leaves between steps when memory is short; the math is the original 
 element for element. It suits optimizers whose step treats each parameter on its own (SGD,
 Adam, AdamW and their foreach and fused forms); one that couples parameters (LBFGS) must not
 be wrapped.
+
+Note [Reads outside a use]
+--------------------------
+Between its uses a kept block may be evicted: its pages are unmapped and its address
+reserved, so any read of its tensor faults (an illegal address on a GPU, SIGSEGV in the
+CPU-emulation mode) until the block is used again. Host-backed addresses for evicted blocks
+would make every read safe; until then, the reads torch lets us see bring the blocks back:
+ * state_dict(): a state_dict post-hook on every module with kept parameters, and one on the
+   optimizer, replace each kept tensor's entry by a copy in host memory (a CPU tensor; in the
+   CPU-emulation mode one outside vramswap's memory), made one module (one parameter's state)
+   at a time: the blocks are used, copied out and marked cold again. So the state dict's
+   extra device memory is one module's kept weights (one parameter's state), whatever the
+   model's size, and nothing stays on the device afterwards. Entries are snapshots, not
+   aliases: a frozen weight never changes, and the state is what torch.save writes anyway.
+   Why not the device tensors, brought back by a pre-hook: the dict is read after
+   state_dict() returns (by torch.save), so they would all have to stay on the device as
+   long as it lives, which cannot fit when the base is larger than the limit (the case
+   offload_frozen is for; tests/python/test_kept_access.py saves such a model).
+   Not covered: state_dict(keep_vars=True), whose entries are the Parameters themselves.
+ * materialize(module_or_optimizer): every kept block under it is used (brought back) and
+   stays in use, never evicted, until the next ordinary use of the block takes it over (its
+   module's forward, the optimizer's step) or the returned object's release() (the end of a
+   `with` block). All or nothing: when they do not all fit, the ones brought back are cold
+   again and it raises an out-of-memory naming materialize and the bytes. A held block is
+   memory the next step cannot use until its module's forward: release it first when
+   memory is tight.
+ * remove(): every block comes back and becomes ordinary device memory; one that cannot (no
+   room) stays kept, and remove() raises an out-of-memory naming it.
+Not covered: any other read of a kept tensor outside its uses (p.sum(), p.cpu(), a
+parameter tied into another module's forward); call materialize first.
+These uses are in the after-backward lane, where no forward's order is disturbed.
 """
 import threading
+import weakref
 
 import torch
 
@@ -81,13 +113,14 @@ def _check(rc, what):
 
 
 class _Kept:
-    """One kept tensor: the handle of its block and the address it was kept at."""
+    """One kept tensor: the handle of its block, the address it was kept at, its bytes."""
 
-    __slots__ = ("handle", "ptr")
+    __slots__ = ("handle", "ptr", "nbytes")
 
-    def __init__(self, handle, ptr):
+    def __init__(self, handle, ptr, nbytes):
         self.handle = handle
         self.ptr = ptr
+        self.nbytes = nbytes
 
 
 _SMALL_BYTES = 1 << 20  # half a granule: the pool's small blocks share granules
@@ -143,7 +176,7 @@ def _keep(get, frozen, release=None):
             return moved, None  # not tagged there either: too small
         t = moved
     _check(lib.vramswap_mark_cold(h, _stream()), "vramswap_mark_cold")
-    return t, _Kept(h, t.data_ptr())
+    return t, _Kept(h, t.data_ptr(), t.numel() * t.element_size())
 
 
 def _use(kept, lane):
@@ -154,10 +187,159 @@ def _cold(kept):
     _check(_lib.lib().vramswap_mark_cold(kept.handle, _stream()), "vramswap_mark_cold")
 
 
-def _unkeep(kept):
-    lib = _lib.lib()
-    if lib is not None:
-        lib.vramswap_unkeep(kept.handle)  # a stale handle (its block freed) is refused: nothing to undo
+def _size(n):
+    return f"{n} bytes ({n / (1 << 20):.1f} MiB)"
+
+
+def _limit_bytes(device):
+    """The device's limit (0 when vramswap reports none): memory_stats' device_limit_bytes."""
+    from . import memory_stats
+    try:
+        stats = memory_stats(device if device.type == "cuda" else None)
+    except ValueError:
+        return 0
+    return stats.get("device_limit_bytes", 0)
+
+
+def _host_copy(t):
+    """A copy of t in host memory: a CPU tensor, outside vramswap's memory also in the
+    CPU-emulation mode (where a CPU tensor torch allocates is vramswap's)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        return t.to("cpu", copy=True)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    raw = t.reshape(-1).view(torch.uint8).numpy().copy()
+    return torch.from_numpy(raw).view(t.dtype).view(t.shape)
+
+
+class _Uses:
+    """Who has one offload's kept blocks in use outside the block's own cold marks (Note [Reads
+    outside a use]): the ordinary uses in progress (a forward between its pre-hook and the
+    mark_cold that ends it) and materialize()'s holds (handle -> how many live Materialized
+    hold it). An ordinary use takes a held block over: its own mark_cold ends the use.
+    Thread-safe (a lock: forward hooks run on any thread)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._busy = set()
+        self._holds = {}
+
+    def begin(self, handle):
+        with self._lock:
+            self._holds.pop(handle, None)
+            self._busy.add(handle)
+
+    def end(self, handle):
+        with self._lock:
+            self._busy.discard(handle)
+
+    def hold(self, handle):
+        with self._lock:
+            self._holds[handle] = self._holds.get(handle, 0) + 1
+
+    def let_go(self, handle):
+        """One hold of `handle` ends; True when it was the last and no ordinary use took the
+        block over (the caller marks it cold)."""
+        with self._lock:
+            n = self._holds.get(handle)
+            if n is None:
+                return False
+            if n > 1:
+                self._holds[handle] = n - 1
+                return False
+            del self._holds[handle]
+            return handle not in self._busy
+
+    def idle(self, handle):
+        """Neither held nor in an ordinary use: a use made by state_dict or materialize may
+        mark it cold again."""
+        with self._lock:
+            return handle not in self._holds and handle not in self._busy
+
+    def forget(self, handle):
+        with self._lock:
+            self._holds.pop(handle, None)
+            self._busy.discard(handle)
+
+
+def _cold_quietly(kept):
+    _lib.lib().vramswap_mark_cold(kept.handle, _stream())  # refused only when freed meanwhile
+
+
+def _bring_back(blocks, device, what, hint):
+    """Uses every block of `blocks` ((_Uses, _Kept) pairs) in the after-backward lane: all of
+    them are on the device when it returns. All or nothing: on an out-of-memory the blocks it
+    used that nobody else uses are cold again, and it raises one naming `what` and the bytes."""
+    from ._errors import OutOfMemoryError
+    done = []
+    for uses, kept in blocks:
+        try:
+            _use(kept, AFTER_BACKWARD)
+        except Exception as e:
+            for u, k in done:
+                if u.idle(k.handle):
+                    _cold_quietly(k)
+            if not isinstance(e, OutOfMemoryError):
+                raise
+            total = sum(k.nbytes for _, k in blocks)
+            back = sum(k.nbytes for _, k in done)
+            limit = _limit_bytes(device)
+            raise OutOfMemoryError(
+                f"vramswap: out of memory in {what}: {len(blocks)} kept tensors of {_size(total)} cannot all be "
+                f"on the device at once under its limit of {_size(limit)}: {_size(back)} were back when the next "
+                f"{_size(kept.nbytes)} did not fit; they are evictable again. {hint} [{e}]") from None
+        done.append((uses, kept))
+    sim.synchronize()
+
+
+def _snapshot(entries, device, what, hint):
+    """Host copies of kept tensors (Note [Reads outside a use]): `entries` are (key, tensor,
+    _Uses, _Kept); their blocks are brought back together, copied out, and those nobody else
+    uses marked cold again. -> {key: host copy}."""
+    blocks = [(uses, kept) for _, _, uses, kept in entries]
+    _bring_back(blocks, device, what, hint)
+    try:
+        return {key: _host_copy(t) for key, t, _, _ in entries}
+    finally:
+        for uses, kept in blocks:
+            if uses.idle(kept.handle):
+                _cold_quietly(kept)
+
+
+_offloads = weakref.WeakSet()  # the live FrozenOffload and OptimizerOffload objects (materialize)
+_copies = {}  # id(state dict) -> {id(param): host copy}: a parameter tied into two modules copied once
+
+
+def _copies_of(destination):
+    """The host copies already made for `destination` (a module's state dict being filled)."""
+    key = id(destination)
+    copies = _copies.get(key)
+    if copies is None:
+        try:
+            weakref.finalize(destination, _copies.pop, key, None)
+        except TypeError:  # a plain dict passed as destination: no weak reference, no sharing
+            return {}
+        copies = _copies[key] = {}
+    return copies
+
+
+def _register_state_dict_post_hook(module, method):
+    def hook(module, destination, prefix, local_metadata):  # torch marks it: a function, not a method
+        method(module, destination, prefix, local_metadata)
+
+    register = getattr(module, "register_state_dict_post_hook", None)  # torch >= 2.5
+    return register(hook) if register is not None else module._register_state_dict_hook(hook)
+
+
+def _uncovered(what, failures):
+    """The out-of-memory remove() raises when blocks could not come back."""
+    from ._errors import OutOfMemoryError
+    nbytes = sum(k.nbytes for k, _ in failures)
+    return OutOfMemoryError(
+        f"vramswap: out of memory in {what}: {len(failures)} kept tensors of {_size(nbytes)} could not come back "
+        f"to the device; they stay kept (the offload goes on for them: call remove() again once there is "
+        f"room). [{failures[0][1]}]")
 
 
 def _grad_fns(output):
@@ -180,6 +362,7 @@ class FrozenOffload:
         self._params = {}     # id(module) -> its kept parameters
         self._hooks = []
         self._state = threading.local()
+        self._uses = _Uses()
         seen = set()
         for m in module.modules():
             own = list(m.parameters(recurse=False))
@@ -196,7 +379,9 @@ class FrozenOffload:
                 self._params[id(m)] = params
                 self._hooks.append(m.register_forward_pre_hook(self._pre))
                 self._hooks.append(m.register_forward_hook(self._post))
+                self._hooks.append(_register_state_dict_post_hook(m, self._state_dict_post))
         self._pack_small(module)
+        _offloads.add(self)
 
     def _pack_small(self, module):
         """Moves the other small parameters of `module` on the kept weights' devices together
@@ -256,6 +441,7 @@ class FrozenOffload:
     def _pre(self, module, inputs):
         entries = self._entries(module)
         for kept in entries:
+            self._uses.begin(kept.handle)  # this use ends a materialize() hold: its cold mark ends it
             _use(kept, FORWARD)
         sim.synchronize()
         calls = getattr(self._state, "calls", None)
@@ -275,6 +461,7 @@ class FrozenOffload:
         later = []
         for kept, live_before in entries:
             if not fns or _tracker.live(kept.handle) > live_before:
+                self._uses.end(kept.handle)
                 _cold(kept)  # nothing saved it, or backward gets it through the tracker
             else:
                 later.append(kept)
@@ -288,7 +475,8 @@ class FrozenOffload:
                 return None
             done.append(True)
             for kept in later:
-                _lib.lib().vramswap_mark_cold(kept.handle, _stream())  # refused only when freed meanwhile
+                self._uses.end(kept.handle)
+                _cold_quietly(kept)
             return None
 
         try:
@@ -315,14 +503,66 @@ class FrozenOffload:
         for fn in fns:
             fn.register_hook(end_of_backward)
 
+    def _state_dict_post(self, module, destination, prefix, local_metadata=None):
+        """The state dict's entries of `module`'s kept parameters become host copies (Note
+        [Reads outside a use]): this module's blocks on the device at once, no more."""
+        wanted = []
+        for name, p in module._parameters.items():
+            entry = self._kept.get(id(p)) if p is not None else None
+            key = prefix + name
+            t = destination.get(key) if entry is not None else None
+            # Skipped: keep_vars=True (the entry is the Parameter), or an entry the module's own
+            # _save_to_state_dict made of something else.
+            if isinstance(t, torch.Tensor) and t is not p and t.data_ptr() == entry[1].ptr:
+                wanted.append((key, p, t, entry[1]))
+        if not wanted:
+            return
+        copies = _copies_of(destination)  # a tied parameter is copied once per state dict
+        entries = {}
+        for key, p, t, kept in wanted:
+            if id(p) not in copies and id(p) not in entries:
+                entries[id(p)] = (key, t, self._uses, kept)
+        if entries:
+            label = prefix[:-1] or type(module).__name__
+            first = next(iter(entries.values()))
+            made = _snapshot(list(entries.values()), first[1].device, f"state_dict() at module {label!r}",
+                             "state_dict() brings back one module's kept weights at a time, and this "
+                             "module's alone do not fit.")
+            for p_id, (key, _, _, _) in entries.items():
+                copies[p_id] = made[key]
+        for key, p, _, _ in wanted:
+            destination[key] = copies[id(p)]
+
+    def _blocks(self, ids):
+        """The kept blocks of the parameters whose ids are in `ids`, as (_Uses, _Kept), and the
+        device of the first."""
+        blocks, device = [], None
+        for pid, (p, kept) in self._kept.items():
+            if pid in ids and p.data_ptr() == kept.ptr:
+                blocks.append((self._uses, kept))
+                device = device or p.device
+        return blocks, device
+
     def remove(self):
-        """Removes the hooks and ends every keep (evicted weights come back first)."""
+        """Removes the hooks and ends every keep (evicted weights come back first, one at a
+        time). A weight that cannot come back (no room) stays kept, its hooks with it, and
+        remove() raises an out-of-memory naming it: call it again once there is room."""
+        failures = []
+        for pid, (p, kept) in list(self._kept.items()):
+            lib = _lib.lib()
+            if lib is not None and lib.vramswap_unkeep(kept.handle) != 0:
+                message = _lib.last_error()
+                if "stale" not in message:  # a stale handle: its block was freed, nothing to undo
+                    failures.append((kept, message))
+                    continue
+            self._uses.forget(kept.handle)
+            del self._kept[pid]
+        if failures:
+            raise _uncovered("FrozenOffload.remove()", failures)
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        for _, kept in self._kept.values():
-            _unkeep(kept)
-        self._kept = {}
+        _offloads.discard(self)
 
 
 def offload_frozen(module):
@@ -344,8 +584,12 @@ class OptimizerOffload:
         self._kept = {}  # (id(param), state key) -> _Kept
         self._untagged = set()  # (id(param), state key, address): state too small to keep
         self._budgets = {}      # device -> the chunk budget (_budget)
+        self._uses = _Uses()
         self._step = optimizer.step
         optimizer.step = self.step
+        register = getattr(optimizer, "register_state_dict_post_hook", None)  # torch >= 2.1
+        self._state_dict_hook = register(self._state_dict_post) if register is not None else None
+        _offloads.add(self)
 
     def _state_of(self, p):
         state = self.optimizer.state.get(p)
@@ -356,6 +600,7 @@ class OptimizerOffload:
         for key, t in self._state_of(p).items():
             kept = self._kept.get((id(p), key))
             if kept is not None and isinstance(t, torch.Tensor) and t.data_ptr() == kept.ptr:
+                self._uses.begin(kept.handle)  # this use ends a materialize() hold
                 _use(kept, AFTER_BACKWARD)
                 used.append(kept)
         if used:
@@ -383,6 +628,7 @@ class OptimizerOffload:
                 continue
             self._kept[(id(p), key)] = kept
         for kept in used:
+            self._uses.end(kept.handle)
             _cold(kept)
 
     def _budget(self, device):
@@ -438,12 +684,66 @@ class OptimizerOffload:
                 g["params"] = ps
         return loss
 
+    def _kept_state(self, p, state):
+        """(key, tensor, _Uses, _Kept) for each kept tensor of `state` (p's)."""
+        out = []
+        for key, t in state.items():
+            kept = self._kept.get((id(p), key))
+            if kept is not None and isinstance(t, torch.Tensor) and t.data_ptr() == kept.ptr:
+                out.append((key, t, self._uses, kept))
+        return out
+
+    def _state_dict_post(self, optimizer, state_dict):
+        """The kept state in the optimizer's state dict becomes host copies (Note [Reads outside
+        a use]), one parameter's state on the device at a time. The state dict's per-parameter
+        dicts are the optimizer's own: the ones with kept state are replaced, not changed."""
+        packed = state_dict.get("state")
+        if not isinstance(packed, dict):
+            return None
+        owner = {id(st): p for p, st in self.optimizer.state.items()}
+        new = {}
+        for index, st in packed.items():
+            p = owner.get(id(st))
+            entries = self._kept_state(p, st) if p is not None and isinstance(st, dict) else []
+            if entries:
+                made = _snapshot(entries, entries[0][1].device, f"optimizer.state_dict() at parameter {index}",
+                                 "optimizer.state_dict() brings back one parameter's state at a time, and "
+                                 "this parameter's alone does not fit.")
+                st = {key: made.get(key, t) for key, t in st.items()}
+            new[index] = st
+        return {**state_dict, "state": new}
+
+    def _blocks(self):
+        """Every kept block of the state, as (_Uses, _Kept), and the device of the first."""
+        blocks, device = [], None
+        for p, state in self.optimizer.state.items():
+            if isinstance(state, dict):
+                for _, t, uses, kept in self._kept_state(p, state):
+                    blocks.append((uses, kept))
+                    device = device or t.device
+        return blocks, device
+
     def remove(self):
+        """Restores the optimizer's own step() and ends every keep (evicted state comes back
+        first, one tensor at a time). State that cannot come back (no room) stays kept, with
+        the wrapped step(), and remove() raises an out-of-memory naming it."""
+        failures = []
+        for key, kept in list(self._kept.items()):
+            lib = _lib.lib()
+            if lib is not None and lib.vramswap_unkeep(kept.handle) != 0:
+                message = _lib.last_error()
+                if "stale" not in message:  # a stale handle: its block was freed, nothing to undo
+                    failures.append((kept, message))
+                    continue
+            self._uses.forget(kept.handle)
+            del self._kept[key]
+        if failures:
+            raise _uncovered("OptimizerOffload.remove()", failures)
         if self.optimizer.step == self.step:
             del self.optimizer.step
-        for kept in self._kept.values():
-            _unkeep(kept)
-        self._kept = {}
+        if self._state_dict_hook is not None:
+            self._state_dict_hook.remove()
+        _offloads.discard(self)
 
 
 def offload_optimizer(optimizer):
@@ -452,3 +752,68 @@ def offload_optimizer(optimizer):
     next parameters' state prefetched. The parameters after N steps are those of the
     optimizer's own step, bit for bit. Returns an OptimizerOffload (remove() undoes it)."""
     return OptimizerOffload(optimizer)
+
+
+class Materialized:
+    """What materialize returns: the kept blocks it brought back, in use (never evicted) until
+    release() (or the end of a `with` block), or until the block's next ordinary use (its
+    module's forward, the optimizer's step) takes it over and ends it. Thread-safe."""
+
+    def __init__(self, blocks):
+        self._blocks = blocks  # (_Uses, _Kept)
+
+    def __len__(self):
+        """How many kept tensors it holds."""
+        return len(self._blocks)
+
+    def nbytes(self):
+        return sum(kept.nbytes for _, kept in self._blocks)
+
+    def release(self):
+        """The blocks may leave the device again (those an ordinary use took over meanwhile
+        are that use's). Calling it again does nothing."""
+        blocks, self._blocks = self._blocks, []
+        for uses, kept in blocks:
+            if uses.let_go(kept.handle):
+                _cold_quietly(kept)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
+def materialize(obj):
+    """Brings every kept block under `obj` back to the device (Note [Reads outside a use]): a
+    module's parameters that offload_frozen keeps, or an optimizer's state that
+    offload_optimizer keeps. They stay there until the returned Materialized's release() (or
+    the end of `with vramswap.materialize(model):`), or until their next ordinary use. Call it
+    before reading such tensors outside the forward or step that uses them (p.sum(),
+    p.cpu()); state_dict() needs no call. All or nothing: when the blocks cannot all be on the
+    device at once under the limit, raises vramswap.OutOfMemoryError naming materialize and
+    the bytes, with every block evictable again. Call it outside forward and step()."""
+    if isinstance(obj, torch.optim.Optimizer):
+        offloads = [o for o in list(_offloads) if isinstance(o, OptimizerOffload) and o.optimizer is obj]
+        found = [o._blocks() for o in offloads]
+    elif isinstance(obj, torch.nn.Module):
+        ids = {id(p) for p in obj.parameters()}
+        found = [o._blocks(ids) for o in list(_offloads) if isinstance(o, FrozenOffload)]
+    else:
+        raise TypeError(f"vramswap.materialize takes a torch.nn.Module or a torch.optim.Optimizer, "
+                        f"not {type(obj).__name__}")
+    blocks, seen, device = [], set(), None
+    for found_blocks, found_device in found:
+        for uses, kept in found_blocks:
+            if kept.handle not in seen:
+                seen.add(kept.handle)
+                blocks.append((uses, kept))
+        device = device or found_device
+    if blocks:
+        _bring_back(blocks, device, f"materialize({type(obj).__name__})",
+                    "materialize() holds them all at once: materialize a smaller module, free memory or "
+                    "raise VRAMSWAP_LIMIT (state_dict() needs no materialize: it copies one module at a time).")
+        for uses, kept in blocks:
+            uses.hold(kept.handle)
+    return Materialized(blocks)
