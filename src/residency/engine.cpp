@@ -169,6 +169,12 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
     }
     pool_.record_stream(ptr, after);
   }
+  // A copy whose event was never recorded may still use the pages: their reuse waits for
+  // its stream too (Note [A queued copy cannot be taken back] in engine_copies.cpp).
+  if (s.unordered_copy) {
+    if (pool::Result used = pool_.record_stream(ptr, s.unordered_copy); !used.ok) return used;
+    debug("freed with a copy queued whose event was never recorded: reused behind that copy's stream", s);
+  }
   // Its granules are likely wanted soon by a prefetch on the copy stream: free it behind an
   // event, not behind the next device synchronization. The pool first: if it refuses, the
   // engine has changed nothing and the handle stays valid.
@@ -187,12 +193,12 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
       if (s.reading) finish_read(slot, true);  // its buffer is the read's until it is done
       if (s.writing) finish_write(slot, true, true);
       if (s.on_disk()) forget_disk_copy(s);
-      else host_.free(s.host);
+      else give_back_host(s);
       st_.evicted_bytes -= s.placed;
       break;
     case Residency::kEvicting:
     case Residency::kFetching:
-      deferred_.push_back({s.host, std::move(s.copy_event)});
+      deferred_.push_back({s.host, std::move(s.copy_event), s.unordered_copy});
       if (s.check) deferred_.push_back({s.check, cuda::Event(), h2d_.get()});
       std::erase(in_flight_, slot);
       st_.in_flight_bytes -= s.placed;
@@ -201,6 +207,7 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
   }
   s.host = nullptr;
   s.check = nullptr;
+  s.unordered_copy = nullptr;
   untrack(s, slot);
   s.live = false;
   s.residency = Residency::kResident;

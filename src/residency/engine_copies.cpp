@@ -6,6 +6,23 @@
 
 namespace vramswap::residency {
 
+// Note [A queued copy cannot be taken back]
+// ------------------------------------------
+// Once a copy is queued on a copy stream, nothing unqueues it: when a call after it fails
+// (the record of its event, a timing record), the copy still runs whenever its stream reaches
+// it, reading the block's pages or its host buffer and writing the other. The engine then
+// undoes its own bookkeeping (the block stays where it was, so that a later call tries again),
+// but never the copy's claim on that memory. The rule: whatever such a copy uses goes back
+// only behind its stream. A host buffer of its own goes to deferred_ with that stream at once;
+// the block remembers the stream (Slot::unordered_copy) until a later copy of it on that
+// stream records its event, and meanwhile its free names the stream to the pool
+// (record_stream: the pages are reused or unmapped only after the work queued there before
+// the free), and its own host buffer goes back behind the stream (give_back_host). No call
+// waits for it. (The eviction used to free only its pinned buffer behind the stream and count
+// the block as untouched: a free let the pool unmap pages the queued copy had still to read,
+// and the fault-injected stress test stopped with "illegal address ... during memcpy DtoH";
+// tests/residency/queued_copy_test.cpp.)
+
 bool Engine::Impl::start_eviction(uint32_t slot) {
   Slot& s = slots_[slot];
   if (s.requested > host_.limit_bytes()) {
@@ -41,13 +58,19 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
       timed_copies_.push_back({std::move(t0), std::move(t1), s.requested});
     }
   } catch (const cuda::CudaError& e) {
-    // Nothing left the device: the block stays resident and cold. Its host buffer goes back
-    // once nothing queued can write it any more.
+    // Nothing left the device: the block stays resident and cold. A copy that was queued
+    // still reads its pages and writes the host buffer (Note [A queued copy cannot be taken
+    // back]): both go back only behind d2h_.
     if (copied) events_.release(std::move(copied));
-    if (queued) deferred_.push_back({host, cuda::Event(), d2h_.get()});
-    else host_.free(host);
+    if (queued) {
+      deferred_.push_back({host, cuda::Event(), d2h_.get()});
+      s.unordered_copy = d2h_.get();
+    } else {
+      host_.free(host);
+    }
     throw;
   }
+  copy_ordered(s, d2h_.get());
   s.copy_event = std::move(copied);
   s.host = host;
   s.cancel = false;
@@ -68,14 +91,20 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
 void Engine::Impl::evict_after_fetch(uint32_t slot) {
   Slot& s = slots_[slot];
   cuda::Event copied = events_.acquire();
+  bool queued = false;
   try {
     cuda::wait_event(d2h_.get(), s.cold_event);
     cuda::copy_async(s.host, reinterpret_cast<void*>(s.addr), s.requested, d2h_.get());
+    queued = true;
     copied.record(d2h_.get());
   } catch (...) {
+    // The fetch goes on as before; a copy out that was queued still reads the pages and
+    // writes the host buffer (Note [A queued copy cannot be taken back]).
     events_.release(std::move(copied));
+    if (queued) s.unordered_copy = d2h_.get();
     throw;
   }
+  copy_ordered(s, d2h_.get());
   st_.evicted_bytes -= s.placed;  // the fetch landed, as far as the block's data goes
   events_.release(std::move(s.copy_event));
   s.copy_event = std::move(copied);
@@ -152,8 +181,7 @@ bool Engine::Impl::spill(uint32_t slot, std::string* error) {
     *error = std::move(failed);
     return false;  // the host copy stays as it was
   }
-  host_.free(s.host);
-  s.host = nullptr;
+  give_back_host(s);
   s.disk = *offset;
   st_.disk_bytes += s.requested;
   st_.disk_bytes_written += s.requested;
@@ -354,8 +382,7 @@ void Engine::Impl::finish_write(uint32_t slot, bool wait, bool keep_host) {
                  "pinned memory)", device_, format_hex(s.addr).c_str(), failed.c_str());
     return;
   }
-  host_.free(s.host);
-  s.host = nullptr;
+  give_back_host(s);
   s.disk = s.write_offset;
   st_.disk_bytes += s.requested;
   st_.disk_bytes_written += s.requested;
@@ -476,9 +503,11 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
       else deferred_.push_back({check, cuda::Event(), h2d_.get()});
     }
     // Unmapped again once no copy can touch the pages; else they stay, and the next fetch
-    // uses them as they are.
+    // uses them as they are. A copy still queued writes them and reads the host copy (Note [A
+    // queued copy cannot be taken back]).
     bool partly = false;
     if (!quiet || (!pool_.unmap_block(addr, &partly).ok && !partly)) s.pages_kept = true;
+    if (!quiet) s.unordered_copy = h2d_.get();
     return {false, "cannot bring block " + format_hex(s.addr) + " back to the device: " + e.what() +
                        "; it stays on the host (a later unpack tries again)"};
   }
@@ -486,6 +515,7 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
                                          "fetch started (ahead of the window)", "fetch started (hint)",
                                          "fetch started (planned)", "fetch started (pages kept)"};
   debug(kWhy[int(kind)], s);
+  copy_ordered(s, h2d_.get());
   s.copy_event = std::move(copied);
   s.check = check;
   s.residency = Residency::kFetching;
@@ -606,13 +636,14 @@ void Engine::Impl::finish(uint32_t slot) {
       }
     }
     st_.evicted_bytes -= s.placed;
-    if (s.frozen) {  // its host copy stays valid (Note [Kept blocks] in engine.h)
+    // A frozen block's host copy stays valid (Note [Kept blocks] in engine.h), unless a copy
+    // out queued behind the fetch lost its event: clean, its pages could be dropped under it.
+    if (s.frozen && !s.unordered_copy) {
       s.residency = Residency::kClean;
       st_.clean_bytes += s.placed;
       debug("fetch landed, clean (frozen: its host copy stays)", s);
     } else {
-      host_.free(s.host);
-      s.host = nullptr;
+      give_back_host(s);  // behind d2h_ when a copy out queued behind the fetch lost its event
       s.residency = Residency::kResident;
       debug("fetch landed, resident", s);
     }
@@ -644,8 +675,8 @@ void Engine::Impl::drop_deferred(bool wait) {
     // Without an event, a call that must not wait only asks whether the stream is idle: a
     // synchronization here made every engine call wait for the whole fetch queue behind a
     // freed block's VRAMSWAP_VERIFY readback.
-    const bool done = d.event ? (wait ? (d.event.synchronize(), true) : d.event.query())
-                              : (wait ? cuda::synchronize_stream(d.stream) : cuda::stream_done(d.stream));
+    bool done = !d.event || (wait ? (d.event.synchronize(), true) : d.event.query());
+    if (done && d.stream) done = wait ? cuda::synchronize_stream(d.stream) : cuda::stream_done(d.stream);
     if (!done) {
       ++i;
       continue;

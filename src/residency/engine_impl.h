@@ -76,6 +76,11 @@ struct Slot {
   void* host = nullptr;
   void* check = nullptr;  // VRAMSWAP_VERIFY: the restored block read back, behind its fetch
   bool pages_kept = false;  // evicted, but a failed fetch could not give its pages back
+  // A copy of this block queued on this copy stream (d2h_ or h2d_) whose event could not be
+  // recorded: until a later copy on that stream records its own, that copy may still read or
+  // write the pages and the host buffer, so both go back only behind the stream (Note [A
+  // queued copy cannot be taken back] in engine_copies.cpp). Null: none.
+  cudaStream_t unordered_copy = nullptr;
   uint64_t checksum = 0;
   uint32_t step_block = policy::kNoPoint;  // its ordinal in the step being recorded
   bool planned = false;                    // its eviction in flight is the plan's
@@ -109,8 +114,9 @@ struct Slot {
 };
 
 // A host buffer that must outlive a copy still in flight (its block was freed, or queuing
-// the rest of its work failed). With no event, it goes back once the copy stream has no
-// work left (or after synchronizing it, when the caller waits for everything).
+// the rest of its work failed). It goes back once `event` has completed (when there is one)
+// and `stream` has no work left (when there is one; or after synchronizing it, when the
+// caller waits for everything).
 struct Deferred {
   void* host;
   cuda::Event event;
@@ -369,10 +375,21 @@ class Engine::Impl : private policy::ReactiveEngine {
       stats::log(stats::LogLevel::kDebug, "device %d: block %s (%s): %s", device_, format_hex(s.addr).c_str(),
                  format_size(s.requested).c_str(), what);
   }
+  // Gives the block's host buffer back: at once, or behind the stream of a copy that may
+  // still use it (Slot::unordered_copy).
+  void give_back_host(Slot& s) {
+    if (s.unordered_copy) deferred_.push_back({s.host, cuda::Event(), s.unordered_copy});
+    else host_.free(s.host);
+    s.host = nullptr;
+  }
+  // A copy queued on `stream` for the block recorded its event: every copy queued there for it
+  // before is ordered before that event too.
+  void copy_ordered(Slot& s, cudaStream_t stream) {
+    if (s.unordered_copy == stream) s.unordered_copy = nullptr;
+  }
   // A clean block becomes plainly resident: its host copy is not needed any more.
   void forget_host_copy(Slot& s) {
-    host_.free(s.host);
-    s.host = nullptr;
+    give_back_host(s);
     s.residency = Residency::kResident;
     st_.clean_bytes -= s.placed;
   }

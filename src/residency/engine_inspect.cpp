@@ -40,6 +40,7 @@ std::string Engine::Impl::check_invariants() {
     const Slot& s = slots_[slot];
     if (!s.live) {
       expect(!s.host && !s.check, "free slot " + std::to_string(slot) + " holds a host buffer");
+      expect(!s.unordered_copy, "free slot " + std::to_string(slot) + " names a copy stream");
       continue;
     }
     ++live;
@@ -62,6 +63,13 @@ std::string Engine::Impl::check_invariants() {
     expect(!s.on_disk() || (s.residency == Residency::kEvicted && disk_), block + " is on the disk but not evicted");
     if (s.on_disk()) sum.disk_bytes += s.requested;
     expect(!s.check || s.residency == Residency::kFetching, block + " holds a verify buffer with no fetch");
+    // Note [A queued copy cannot be taken back]: only a failed eviction leaves a copy out
+    // unordered (the block then resident, or fetching, as before it), only a failed fetch a
+    // copy in (the block evicted); a copy of it that recorded its event since ordered it.
+    const bool resident_or_fetching = s.residency == Residency::kResident || s.residency == Residency::kFetching;
+    expect(!s.unordered_copy || (s.unordered_copy == d2h_.get() && resident_or_fetching) ||
+               (s.unordered_copy == h2d_.get() && s.residency == Residency::kEvicted),
+           block + " names a copy stream it cannot have left a copy on");
     if (s.residency == Residency::kClean) sum.clean_bytes += s.placed;
     if (s.residency == Residency::kEvicted || s.residency == Residency::kFetching) sum.evicted_bytes += s.placed;
     if (s.residency == Residency::kEvicting || s.residency == Residency::kFetching) {

@@ -1,7 +1,7 @@
 // vramswap_stress: a shadow-model stress test of the real libvramswap.so on cudasim.
 //
 //   vramswap_stress --seed S [--seeds N] [--threads T] [--ops K] [--verify]
-//                   [--faults SPEC|auto] [--chaos] [--limit SIZE] [--keep-going] [--fork]
+//                   [--faults SPEC|auto|all:pX] [--chaos] [--limit SIZE] [--keep-going] [--fork]
 //                   [--verbose] [--trace] [--invariants-every N] [--known-bug NAME]...
 //
 // Each seed runs T threads of K random operations each (worker.h: what they do and what
@@ -9,11 +9,12 @@
 // really evicted), then frees everything, empties vramswap's cache and checks that
 // nothing leaked: vramswap's allocated, tagged, host and tracked counts are 0, and
 // cudasim's device physical memory and pinned host memory are 0. With --faults, the rule
-// list (cudasim's CUDASIM_FAIL syntax; "auto" draws one per seed) is set after the
-// threads' setup and cleared before the cleanup. --seeds runs seeds S..S+N-1 one after
-// another: in this process (the library and its limit stay, and a seed is judged by what it
-// left itself), or with --fork each in a process of its own (a leak or a crash stays with its
-// seed: what a campaign wants). --chaos sets CUDASIM_CHAOS=S before cudasim loads.
+// list (cudasim's CUDASIM_FAIL syntax; "auto" draws one per seed; "all:pX" fails every
+// function "auto" draws from with probability X) is set after the threads' setup and
+// cleared before the cleanup. --seeds runs seeds S..S+N-1 one after another: in this
+// process (the library and its limit stay, and a seed is judged by what it left itself), or
+// with --fork each in a process of its own (a leak or a crash stays with its seed: what a
+// campaign wants). --chaos sets CUDASIM_CHAOS=S before cudasim loads.
 // --known-bug NAME tolerates the failures of a product bug not fixed yet (known_bugs.h).
 // A failure prints the seed, the thread, the operation, the block and the command that
 // reproduces it; the exit status is 0 when every seed passed, 1 when one failed, 2 for a
@@ -44,7 +45,7 @@ namespace {
 using stress::Options;
 
 constexpr const char* kUsage =
-    "usage: vramswap_stress --seed S [--seeds N] [--threads T] [--ops K] [--verify] [--faults SPEC|auto]\n"
+    "usage: vramswap_stress --seed S [--seeds N] [--threads T] [--ops K] [--verify] [--faults SPEC|auto|all:pX]\n"
     "                       [--chaos] [--limit SIZE] [--invariants-every N] [--keep-going] [--fork]\n"
     "                       [--verbose] [--trace] [--known-bug NAME]... [--sim-dir DIR] [--library PATH]\n";
 
@@ -84,8 +85,11 @@ Parsed parse(int argc, char** argv) {
     else if (a == "--threads") o.threads = int(number("--threads", value(), 1, 16));
     else if (a == "--ops") o.ops = int(number("--ops", value(), 0, 10000000));
     else if (a == "--verify") o.verify = true;
-    else if (a == "--faults") o.faults = value();
-    else if (a == "--chaos") o.chaos = true;
+    else if (a == "--faults") {
+      o.faults = value();
+      std::string error;
+      if (stress::fault_spec(o.faults, 0, &error).empty() && !error.empty()) usage("--faults " + error);
+    } else if (a == "--chaos") o.chaos = true;
     else if (a == "--limit") o.limit = value();
     else if (a == "--invariants-every") o.invariants_every = int(number("--invariants-every", value(), 0, 1000000));
     else if (a == "--known-bug") {
@@ -180,7 +184,8 @@ bool set_up(const Options& o, stress::Library* lib) {
 // Runs one seed in this process and prints its summary (and its failures); true when it
 // passed.
 bool run_one(const stress::Library& lib, const Options& o, uint64_t seed, bool alone) {
-  const std::string spec = o.faults == "auto" ? stress::auto_fault_spec(seed) : o.faults;
+  std::string ignored;  // checked by parse()
+  const std::string spec = stress::fault_spec(o.faults, seed, &ignored);
   const std::string repro = reproduce(o, seed, spec, alone);
   std::snprintf(g_fatal_note, sizeof g_fatal_note, "vramswap_stress: fatal signal in seed %llu; reproduce: %s\n",
                 (unsigned long long)seed, repro.c_str());

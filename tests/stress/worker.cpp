@@ -6,6 +6,7 @@
 #include <barrier>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -865,6 +866,21 @@ std::string auto_fault_spec(uint64_t seed) {
     std::snprintf(rule, sizeof rule, "%s%s:p%.4g", spec.empty() ? "" : ",", c.name, p);
     spec += rule;
   }
+  return spec;
+}
+
+std::string fault_spec(const std::string& faults, uint64_t seed, std::string* error) {
+  if (faults == "auto") return auto_fault_spec(seed);
+  if (faults.rfind("all:", 0) != 0) return faults;
+  const std::string p = faults.substr(4);
+  char* end = nullptr;
+  const double probability = p.size() > 1 && p[0] == 'p' ? std::strtod(p.c_str() + 1, &end) : -1;
+  if (!end || *end || !(probability >= 0 && probability <= 1)) {
+    *error = "'" + faults + "' is not all:pX with X a probability from 0 to 1";
+    return "";
+  }
+  std::string spec;
+  for (const Candidate& c : kCandidates) spec += (spec.empty() ? "" : ",") + std::string(c.name) + ":" + p;
   return spec;
 }
 

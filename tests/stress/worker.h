@@ -93,6 +93,11 @@ struct SeedStats {
 // each failing with a small probability.
 std::string auto_fault_spec(uint64_t seed);
 
+// The rule list of a seed for --faults `faults`: "auto" (auto_fault_spec), "all:pX" (every
+// function auto draws from, each failing with probability X), or a rule list as it is. An
+// "all:" value that is not "all:p" and a probability from 0 to 1 gives "" with *error set.
+std::string fault_spec(const std::string& faults, uint64_t seed, std::string* error);
+
 // Runs one seed: `spec` is the rule list for this seed ("" for none). Failures go to
 // `failures`; counts to `stats`.
 void run_seed(const Library& lib, const Options& options, uint64_t seed, const std::string& spec,
