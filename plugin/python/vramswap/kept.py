@@ -353,6 +353,25 @@ def _grad_fns(output):
     return []
 
 
+def _unkeep_all(kept_by_key, kept_of, uses, who):
+    """Ends the keep of every entry of `kept_by_key` (kept_of(entry): its _Kept), deleting
+    the entries that ended; a stale handle (its block already freed) counts as ended. Raises
+    the out-of-memory of _uncovered, naming `who`, for those that could not come back."""
+    failures = []
+    for key, entry in list(kept_by_key.items()):
+        kept = kept_of(entry)
+        lib = _lib.lib()
+        if lib is not None and lib.vramswap_unkeep(kept.handle) != 0:
+            message = _lib.last_error()
+            if "stale" not in message:  # a stale handle: its block was freed, nothing to undo
+                failures.append((kept, message))
+                continue
+        uses.forget(kept.handle)
+        del kept_by_key[key]
+    if failures:
+        raise _uncovered(who, failures)
+
+
 class FrozenOffload:
     """What offload_frozen returns: the kept weights and the hooks; remove() undoes both (the
     weights come back to the device and stay there)."""
@@ -547,18 +566,7 @@ class FrozenOffload:
         """Removes the hooks and ends every keep (evicted weights come back first, one at a
         time). A weight that cannot come back (no room) stays kept, its hooks with it, and
         remove() raises an out-of-memory naming it: call it again once there is room."""
-        failures = []
-        for pid, (p, kept) in list(self._kept.items()):
-            lib = _lib.lib()
-            if lib is not None and lib.vramswap_unkeep(kept.handle) != 0:
-                message = _lib.last_error()
-                if "stale" not in message:  # a stale handle: its block was freed, nothing to undo
-                    failures.append((kept, message))
-                    continue
-            self._uses.forget(kept.handle)
-            del self._kept[pid]
-        if failures:
-            raise _uncovered("FrozenOffload.remove()", failures)
+        _unkeep_all(self._kept, lambda entry: entry[1], self._uses, "FrozenOffload.remove()")
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -727,18 +735,7 @@ class OptimizerOffload:
         """Restores the optimizer's own step() and ends every keep (evicted state comes back
         first, one tensor at a time). State that cannot come back (no room) stays kept, with
         the wrapped step(), and remove() raises an out-of-memory naming it."""
-        failures = []
-        for key, kept in list(self._kept.items()):
-            lib = _lib.lib()
-            if lib is not None and lib.vramswap_unkeep(kept.handle) != 0:
-                message = _lib.last_error()
-                if "stale" not in message:  # a stale handle: its block was freed, nothing to undo
-                    failures.append((kept, message))
-                    continue
-            self._uses.forget(kept.handle)
-            del self._kept[key]
-        if failures:
-            raise _uncovered("OptimizerOffload.remove()", failures)
+        _unkeep_all(self._kept, lambda kept: kept, self._uses, "OptimizerOffload.remove()")
         if self.optimizer.step == self.step:
             del self.optimizer.step
         if self._state_dict_hook is not None:
