@@ -1,8 +1,10 @@
 // VA reservations, physical pages and mappings. See vmm.h.
 #include "cuda/vmm.h"
 
+#include <string>
 #include <utility>
 
+#include "config/units.h"
 #include "cuda/error.h"
 #include "cuda/host_time.h"
 
@@ -40,15 +42,56 @@ PhysicalPages::PhysicalPages(int device, uint64_t size) : size_(size), device_(d
   VRAMSWAP_CU(cuMemCreate(&handle_, size, &prop, 0));
   count_vmm_call(VmmCall::kCreate, size);
 }
+
+bool host_vmm_supported(int device) {
+  VRAMSWAP_CU(cuInit(0));
+  int supported = 0;
+  VRAMSWAP_CU(
+      cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device));
+  return supported != 0;
+}
+
+PhysicalPages PhysicalPages::on_host(int device, uint64_t size) {
+  if (!host_vmm_supported(device))
+    throw CudaError("host memory for VMM: the driver of device " + std::to_string(device) +
+                        " cannot create it (CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)",
+                    CUDA_ERROR_NOT_SUPPORTED);
+  // The node nearest the device; -1 means the host has no NUMA, where cuMemCreate wants 0.
+  int node = 0;
+  VRAMSWAP_CU(cuDeviceGetAttribute(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, device));
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  prop.location.id = node < 0 ? 0 : node;
+  size_t granularity = 0;
+  VRAMSWAP_CU(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  PhysicalPages pages;
+  pages.size_ = round_up(size, granularity);
+  pages.device_ = device;
+  pages.on_host_ = true;
+  TimedCall timed(HostTime::kVmm);
+  CUresult r = cuMemCreate(&pages.handle_, pages.size_, &prop, 0);
+  if (r != CUDA_SUCCESS) {
+    pages.handle_ = 0;  // nothing to release
+    throw_driver_error(r, "cuMemCreate(&handle, size, &prop /* host NUMA node */, 0)", __FILE__, __LINE__);
+  }
+  count_vmm_call(VmmCall::kCreate, pages.size_);
+  return pages;
+}
+
 PhysicalPages::~PhysicalPages() { reset(); }
 PhysicalPages::PhysicalPages(PhysicalPages&& o) noexcept
-    : handle_(std::exchange(o.handle_, 0)), size_(std::exchange(o.size_, 0)), device_(o.device_) {}
+    : handle_(std::exchange(o.handle_, 0)),
+      size_(std::exchange(o.size_, 0)),
+      device_(o.device_),
+      on_host_(std::exchange(o.on_host_, false)) {}
 PhysicalPages& PhysicalPages::operator=(PhysicalPages&& o) noexcept {
   if (this != &o) {
     reset();
     handle_ = std::exchange(o.handle_, 0);
     size_ = std::exchange(o.size_, 0);
     device_ = o.device_;
+    on_host_ = std::exchange(o.on_host_, false);
   }
   return *this;
 }

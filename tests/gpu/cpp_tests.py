@@ -60,6 +60,8 @@ RUNS = [
         "HostTierPinnedLimit.*": "needs CUDASIM_HOST_PINNED_LIMIT (a host that pins no more)",
     }),
     ("host_tier_stress", "tests/host_tier/host_tier_stress_test", "*", {}, {}),
+    # Host pages (src/cuda/vmm.h): what cudasim models of host-located VMM memory, on the driver.
+    ("cuda_vmm", "tests/cuda/cuda_vmm_test", "HostPages.*", {}, {}),
     ("plugin_dlopen", "tests/plugin/plugin_dlopen_test", "Plugin.*",
      {"VRAMSWAP_LIMIT": "256MiB", "VRAMSWAP_TEST_EXPECTED_LIMIT": "268435456"}, {}),
     ("plugin_dlopen.bad_environment", "tests/plugin/plugin_dlopen_test", "PluginBadEnvironment.*",

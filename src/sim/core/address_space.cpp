@@ -63,10 +63,14 @@ PointerInfo classify(const void* ptr, uint64_t bytes) {
       info.device = it->second.device;
       info.base = it->first;
       info.size = it->second.size;
+      bool host_located = it->second.on_host();
       uintptr_t covered = it->first + it->second.size;
-      for (++it; covered < end && it != r->mappings.end() && it->first == covered; ++it)
+      for (++it; covered < end && it != r->mappings.end() && it->first == covered; ++it) {
         covered += it->second.size;
+        host_located = host_located && it->second.on_host();
+      }
       info.range_ok = covered >= end;
+      info.host_located = host_located;
       return info;
     }
   }
@@ -86,7 +90,7 @@ uintptr_t first_inaccessible(const void* ptr, uint64_t bytes, bool write) {
   if (it != r->mappings.begin()) --it;
   for (; at < end; ++it) {
     if (it == r->mappings.end() || it->first > at || it->first + it->second.size <= at) return at;
-    if (!permits(it->second.access, write)) return at;
+    if (!permits(view_of(it->second), write)) return at;
     at = it->first + it->second.size;
   }
   return 0;

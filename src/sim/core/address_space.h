@@ -5,9 +5,17 @@
 // until cuMemMap maps memfd pages with MAP_FIXED; cuMemSetAccess is mprotect), pinned
 // host memory (cuMemHostAlloc) and registered host ranges (cuMemHostRegister).
 //
+// A reservation's mappings are of device memory or of host-located memory (cuMemCreate with
+// a host location), side by side in one reservation as on a GPU. The host's view of a
+// mapping (its mprotect, view_of) is what CPU code standing in for kernels may do: for
+// device memory the owning device's access; for host-located memory what any device was
+// granted. CPU code cannot be told apart from a kernel's stand-in, so a host-located
+// mapping's grant to the host itself (a CU_MEM_LOCATION_TYPE_HOST_NUMA access descriptor)
+// is kept and reported but opens nothing: the devices' grants decide.
+//
 // Invariants: regions never overlap; a reservation's mappings lie inside it, never
-// overlap, and each covers whole granules; a VA that is not inside a mapping with
-// access rights is PROT_NONE, so touching it raises SIGSEGV as a GPU raises an illegal
+// overlap, and each covers whole granules; a VA that is not inside a mapping whose view
+// allows access is PROT_NONE, so touching it raises SIGSEGV as a GPU raises an illegal
 // address.
 //
 // Thread safety: one shared mutex guards the map; lookups take it shared, changes take
@@ -27,9 +35,13 @@ enum class RegionKind { kDevice, kReservation, kPinnedHost, kRegisteredHost };
 struct Mapping {
   uint64_t size = 0;
   uint64_t physical_id = 0;                       // the CUmemGenericAllocationHandle
-  int device = 0;
-  CUmemAccess_flags access = CU_MEM_ACCESS_FLAGS_PROT_NONE;  // the owning device's (the host's)
+  int device = 0;                                 // the owning device; -1: host-located memory
+  // The owner's access: the owning device's (the host's view of device memory), or for
+  // host-located memory the host's own grant (a CU_MEM_LOCATION_TYPE_HOST_NUMA descriptor).
+  CUmemAccess_flags access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
   uint32_t peer_read = 0, peer_write = 0;  // other devices granted access: device_bit(d)
+
+  bool on_host() const { return device < 0; }
 };
 
 // Device `d`'s bit in a mask of devices (0 for a device past the 32 a mask holds).
@@ -57,6 +69,15 @@ inline void set_access_of(Mapping& m, int device, CUmemAccess_flags flags) {
 // Whether `flags` allow a read, or with `write` a write.
 inline bool permits(CUmemAccess_flags flags, bool write) {
   return flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE || (!write && flags == CU_MEM_ACCESS_FLAGS_PROT_READ);
+}
+
+// The host's view of mapping `m` (its mprotect): the owning device's access, or for
+// host-located memory the most any device was granted (see the top of this file).
+inline CUmemAccess_flags view_of(const Mapping& m) {
+  if (!m.on_host()) return m.access;
+  return m.peer_write  ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+         : m.peer_read ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                       : CU_MEM_ACCESS_FLAGS_PROT_NONE;
 }
 
 struct Region {
@@ -90,6 +111,11 @@ struct PointerInfo {
   uintptr_t base = 0;   // start of the allocation (device blocks, host allocations)
   uint64_t size = 0;    // its size
   bool range_ok = true; // [ptr, ptr+bytes) lies inside the allocation (device: inside mapped memory)
+  // kDevice only: the whole range lies in mappings of host-located memory. Such a range is
+  // a device address like any VMM mapping (copies and memsets accept it as device memory,
+  // and it follows their rules for device memory), but its bytes cross the link: copies
+  // count and time it as host memory. device is -1 then.
+  bool host_located = false;
 };
 
 // Classifies [ptr, ptr+bytes). A device range must lie inside one device block or inside
@@ -98,15 +124,17 @@ PointerInfo classify(const void* ptr, uint64_t bytes);
 
 // For an operation that does not touch the bytes (CUDASIM_UNBACKED): the first address of
 // the device range [ptr, ptr+bytes) that the host may not read (or, with `write`, write):
-// inside a reservation but not mapped, or mapped without that access; `ptr` itself when
+// inside a reservation but not mapped, or mapped without that access in the host's view
+// (view_of); `ptr` itself when
 // the range is no longer known at all (its block was freed). 0 when the whole range may
 // be touched.
 uintptr_t first_inaccessible(const void* ptr, uint64_t bytes, bool write);
 
 // For work queued on a stream of `device`: the first address of [ptr, ptr+bytes) in a
-// mapping of another device to which `device` was not granted the access (cuMemSetAccess
-// grants each device its own), or 0. Memory from cuMemAlloc is not checked (a copy between
-// devices is staged by the driver where peers cannot reach each other).
+// mapping of another device, or of host-located memory, to which `device` was not granted
+// the access (cuMemSetAccess grants each device its own), or 0. Memory from cuMemAlloc is
+// not checked (a copy between devices is staged by the driver where peers cannot reach each
+// other).
 uintptr_t first_inaccessible_to(int device, const void* ptr, uint64_t bytes, bool write);
 
 }  // namespace cudasim

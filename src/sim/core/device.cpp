@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <string>
 
 #include "env.h"
 #include "stream.h"
@@ -17,20 +20,69 @@
 
 namespace cudasim {
 
-Device::Device(int ordinal, uint64_t capacity) : ordinal_(ordinal), capacity_(capacity) {
-  primary_.device = this;
-  char name[32];
-  std::snprintf(name, sizeof name, "cudasim-device-%d", ordinal);
-  memfd_ = ::memfd_create(name, MFD_CLOEXEC);
-  // The file is sparse: pages exist only where memory was written. It is larger than the
-  // capacity so that physical extents never fail for fragmentation; the charge enforces
-  // the capacity itself.
-  const uint64_t file_size = capacity * 2 + (1ull << 30);
-  if (memfd_ < 0 || ::ftruncate(memfd_, off_t(file_size)) != 0) {
-    std::perror("cudasim: cannot create the memory file that stands for device memory");
+namespace {
+
+std::string device_file_name(int ordinal) { return "cudasim-device-" + std::to_string(ordinal); }
+
+}  // namespace
+
+MemoryFile::MemoryFile(const char* name, uint64_t size) {
+  fd_ = ::memfd_create(name, MFD_CLOEXEC);
+  if (fd_ < 0 || ::ftruncate(fd_, off_t(size)) != 0) {
+    std::fprintf(stderr, "cudasim: cannot create the memory file %s that stands for physical memory: %s\n", name,
+                 std::strerror(errno));
     std::_Exit(2);
   }
-  free_[0] = file_size;
+  free_[0] = size;
+}
+
+bool MemoryFile::allocate(uint64_t size, uint64_t* offset) {
+  std::lock_guard lock(mu_);
+  // Best fit: the smallest free extent that holds `size`.
+  auto best = free_.end();
+  for (auto it = free_.begin(); it != free_.end(); ++it)
+    if (it->second >= size && (best == free_.end() || it->second < best->second)) best = it;
+  if (best == free_.end()) return false;
+  *offset = best->first;
+  uint64_t rest = best->second - size, rest_at = best->first + size;
+  free_.erase(best);
+  if (rest) free_[rest_at] = rest;
+  return true;
+}
+
+void MemoryFile::free(uint64_t offset, uint64_t size) {
+  // Give the pages back to the host; a later extent here reads zeros.
+  ::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(offset), off_t(size));
+  std::lock_guard lock(mu_);
+  auto [it, inserted] = free_.emplace(offset, size);
+  (void)inserted;
+  auto next = std::next(it);
+  if (next != free_.end() && it->first + it->second == next->first) {
+    it->second += next->second;
+    free_.erase(next);
+  }
+  if (it != free_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      free_.erase(it);
+    }
+  }
+}
+
+MemoryFile& host_memory() {
+  // Sparse, so its size costs nothing: far more than a host pins, so that extents never
+  // fail for fragmentation (CUDASIM_HOST_PINNED_LIMIT, when set, bounds what is in use).
+  static MemoryFile* file = new MemoryFile("cudasim-host-vmm", 4ull << 40);  // leaked: used during exit
+  return *file;
+}
+
+// The device's file is sparse: pages exist only where memory was written. It is larger than
+// the capacity so that physical extents never fail for fragmentation; the charge enforces
+// the capacity itself.
+Device::Device(int ordinal, uint64_t capacity)
+    : ordinal_(ordinal), capacity_(capacity), memory_(device_file_name(ordinal).c_str(), capacity * 2 + (1ull << 30)) {
+  primary_.device = this;
   legacy_ = std::make_shared<Stream>(this, Stream::Kind::kLegacy, 0, 0, 0);
 }
 
@@ -49,42 +101,13 @@ void Device::uncharge(uint64_t bytes) { used_.fetch_sub(bytes, std::memory_order
 
 bool Device::allocate_physical(uint64_t size, uint64_t* file_offset) {
   if (!charge(size)) return false;
-  std::lock_guard lock(extents_mu_);
-  // Best fit: the smallest free extent that holds `size`.
-  auto best = free_.end();
-  for (auto it = free_.begin(); it != free_.end(); ++it)
-    if (it->second >= size && (best == free_.end() || it->second < best->second)) best = it;
-  if (best == free_.end()) {
-    uncharge(size);
-    return false;
-  }
-  *file_offset = best->first;
-  uint64_t rest = best->second - size, rest_at = best->first + size;
-  free_.erase(best);
-  if (rest) free_[rest_at] = rest;
-  return true;
+  if (memory_.allocate(size, file_offset)) return true;
+  uncharge(size);
+  return false;
 }
 
 void Device::free_physical(uint64_t file_offset, uint64_t size) {
-  // Give the pages back to the host; a later extent here reads zeros.
-  ::fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(file_offset), off_t(size));
-  {
-    std::lock_guard lock(extents_mu_);
-    auto [it, inserted] = free_.emplace(file_offset, size);
-    (void)inserted;
-    auto next = std::next(it);
-    if (next != free_.end() && it->first + it->second == next->first) {
-      it->second += next->second;
-      free_.erase(next);
-    }
-    if (it != free_.begin()) {
-      auto prev = std::prev(it);
-      if (prev->first + prev->second == it->first) {
-        prev->second += it->second;
-        free_.erase(it);
-      }
-    }
-  }
+  memory_.free(file_offset, size);
   uncharge(size);
 }
 

@@ -2,15 +2,17 @@
 //
 // A device is a capacity (CUDASIM_DEVICE_MEMORY), a memfd that stands for its physical
 // memory, and counters. Physical memory for cuMemCreate is carved out of the memfd
-// (best fit over free extents; freed extents are hole-punched so the host gets the RAM
-// back); blocks from cuMemAlloc are anonymous mappings. Both are charged against the
-// capacity: charge() fails, as the device would, when the total would pass it.
+// (MemoryFile: best fit over free extents; freed extents are hole-punched so the host gets
+// the RAM back); blocks from cuMemAlloc are anonymous mappings. Both are charged against the
+// capacity: charge() fails, as the device would, when the total would pass it. Physical
+// memory that cuMemCreate places on the host (a host location) is carved out of another
+// MemoryFile, the host's (host_memory()), and counted as pinned host memory instead.
 //
 // Invariants: used_bytes <= capacity at all times; peak_bytes >= used_bytes; every
-// extent of the memfd is either free (in free_) or owned by exactly one PhysicalAlloc.
+// extent of a MemoryFile is either free or owned by exactly one PhysicalAlloc.
 //
-// Thread safety: counters are atomics; the extent map has its own mutex; contexts are
-// created once at initialization and never destroyed.
+// Thread safety: counters are atomics; a MemoryFile's extent map has its own mutex;
+// contexts are created once at initialization and never destroyed.
 #pragma once
 
 #include <cuda.h>
@@ -28,16 +30,49 @@ namespace cudasim {
 
 class Stream;
 
-// Physical memory of the VMM API: an extent of the device's memfd.
+// Physical memory of the VMM API: an extent of a device's memfd, or of the host's
+// (host_memory()) for an allocation located on the host.
 struct PhysicalAlloc {
   uint64_t id = 0;          // the CUmemGenericAllocationHandle value
-  int device = 0;
+  int device = 0;           // the owning device; -1 for host-located memory
+  // The location cuMemCreate was given (cuMemGetAllocationPropertiesFromHandle's answer):
+  // CU_MEM_LOCATION_TYPE_DEVICE and the device, or a host location and its id.
+  CUmemLocationType location = CU_MEM_LOCATION_TYPE_DEVICE;
+  int location_id = 0;
   uint64_t size = 0;
   uint64_t file_offset = 0;
   int mappings = 0;         // live cuMemMap mappings of this allocation
   int handle_refs = 1;      // cuMemCreate / cuMemRetainAllocationHandle minus cuMemRelease
   // The memory is freed when both counts reach 0.
+
+  bool on_host() const { return device < 0; }
 };
+
+// A memfd that stands for physical memory, carved into extents: best fit over the free
+// ones; a freed extent is hole-punched, so the host gets its pages back and a later extent
+// there reads zeros. The file is sparse: only pages written (or made resident) take RAM.
+class MemoryFile {
+ public:
+  // Creates the file with room for `size` bytes; stops the process (status 2) when it cannot.
+  MemoryFile(const char* name, uint64_t size);
+  MemoryFile(const MemoryFile&) = delete;
+  MemoryFile& operator=(const MemoryFile&) = delete;
+
+  // An extent of `size` bytes; false when no free extent holds it.
+  bool allocate(uint64_t size, uint64_t* offset);
+  // Gives the extent back (its pages go back to the host).
+  void free(uint64_t offset, uint64_t size);
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+  std::mutex mu_;
+  std::map<uint64_t, uint64_t> free_;  // file offset -> length
+};
+
+// The host's physical memory for host-located VMM allocations, created at its first use.
+// Thread-safe.
+MemoryFile& host_memory();
 
 struct Counters {
   std::atomic<uint64_t> bytes_h2d{0}, bytes_d2h{0}, bytes_d2d{0}, bytes_h2h{0}, bytes_memset{0};
@@ -79,7 +114,7 @@ class Device {
   bool allocate_physical(uint64_t size, uint64_t* file_offset);
   // Returns the extent (its pages go back to the host) and uncharges it.
   void free_physical(uint64_t file_offset, uint64_t size);
-  int memfd() const { return memfd_; }
+  int memfd() const { return memory_.fd(); }
 
   void fill_counters(cudasim_counters* out) const;
   void reset_counters();
@@ -108,9 +143,7 @@ class Device {
   Counters counters_;
   CUctx_st primary_;
 
-  int memfd_ = -1;
-  std::mutex extents_mu_;
-  std::map<uint64_t, uint64_t> free_;  // file offset -> length
+  MemoryFile memory_;
 
   std::shared_ptr<Stream> legacy_;
   std::mutex streams_mu_;

@@ -97,6 +97,13 @@ bool attribute_value(CUdevice_attribute attr, int* value) {
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *value = 1; return true;
     case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: *value = 1; return true;
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *value = 0x18; return true;
+    // The host has one NUMA node, 0, and VMM memory can be placed on it unless
+    // CUDASIM_HOST_VMM=0 (driver_vmm.cpp).
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: *value = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+      *value = settings().host_vmm ? 1 : 0;
+      return true;
     default:
       if (int(attr) <= 0 || attr >= CU_DEVICE_ATTRIBUTE_MAX) return false;
       *value = 0;

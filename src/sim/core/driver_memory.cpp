@@ -50,16 +50,19 @@ void fault_if_inaccessible(const void* p, uint64_t n, bool write) {
   if (write) *q = v;     // faults on a read-only range
 }
 
-// A copy or memset run on a stream of `device` touching another device's mapping that
-// `device` was not granted (cuMemSetAccess): an illegal address on a GPU. The process stops,
-// saying so. Nothing is checked with one device.
+// A copy or memset run on a stream of `device` touching another device's mapping, or a
+// mapping of host-located memory, that `device` was not granted (cuMemSetAccess): an illegal
+// address on a GPU. The process stops, saying so. Nothing is checked with one device: then
+// the host's view of every mapping (address_space.h, view_of) is that device's grant, and a
+// copy touching memory without it faults.
 void fault_unless_granted(int device, const void* p, uint64_t n, bool write, const char* what) {
   if (device_count() < 2) return;
   const uintptr_t bad = first_inaccessible_to(device, p, n, write);
   if (!bad) return;
   std::fprintf(stderr,
                "cudasim: illegal address 0x%lx during %s on a stream of device %d: device %d has no access to "
-               "that mapping of another device (cuMemSetAccess grants access per device)\n",
+               "that mapping of another device or of host-located memory (cuMemSetAccess grants access per "
+               "device)\n",
                (unsigned long)bad, what, device, device);
   std::abort();
 }
@@ -152,16 +155,21 @@ CUresult copy(void* dst, const void* src, size_t n, CUstream h, bool per_thread,
   if (sync_call)
     if (CUresult r = check_unsafe_call()) return r;
 
+  // Device addresses (checked for access, synchronized as device memory) ...
   const bool dst_dev = is_device(d), src_dev = is_device(s);
+  // ... and where the bytes are: host-located VMM memory is a device address whose bytes
+  // cross the link, so the copy counts and is timed as one to or from the host.
+  const bool dst_on_dev = dst_dev && !d.host_located, src_on_dev = src_dev && !s.host_located;
   Counters& counters = stream->device()->counters();
-  std::atomic<uint64_t>* counter = dst_dev ? (src_dev ? &counters.bytes_d2d : &counters.bytes_h2d)
-                                           : (src_dev ? &counters.bytes_d2h : &counters.bytes_h2h);
-  const char* what = dst_dev ? (src_dev ? "memcpy DtoD" : "memcpy HtoD") : (src_dev ? "memcpy DtoH" : "memcpy HtoH");
+  std::atomic<uint64_t>* counter = dst_on_dev ? (src_on_dev ? &counters.bytes_d2d : &counters.bytes_h2d)
+                                              : (src_on_dev ? &counters.bytes_d2h : &counters.bytes_h2h);
+  const char* what = dst_on_dev ? (src_on_dev ? "memcpy DtoD" : "memcpy HtoD")
+                                : (src_on_dev ? "memcpy DtoH" : "memcpy HtoH");
 
   Operation op;
   op.what = what;
-  op.timing.kind = dst_dev ? (src_dev ? OpKind::kCopyD2D : OpKind::kCopyH2D)
-                           : (src_dev ? OpKind::kCopyD2H : OpKind::kOther);
+  op.timing.kind = dst_on_dev ? (src_on_dev ? OpKind::kCopyD2D : OpKind::kCopyH2D)
+                              : (src_on_dev ? OpKind::kCopyD2H : OpKind::kOther);
   op.timing.bytes = n;
   const int on = stream->device()->ordinal();
   // Another device's mappings need a grant to the stream's device (checked when it runs).
@@ -502,6 +510,12 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr
   PointerInfo info = classify(reinterpret_cast<void*>(ptr), 1);
   if (info.type == PointerInfo::Type::kPageableHost || info.type == PointerInfo::Type::kUnmappedDevice)
     return call.ret(CUDA_ERROR_INVALID_VALUE);
+  if (info.host_located) {
+    // Which memory type, device and context a GPU reports for host-located VMM memory is
+    // not documented.
+    report_unsupported_once("cuPointerGetAttribute on host-located VMM memory");
+    return call.ret(CUDA_ERROR_NOT_SUPPORTED);
+  }
   const bool dev = info.type == PointerInfo::Type::kDevice;
   switch (attr) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:

@@ -1,15 +1,32 @@
 // Driver API: virtual memory management (CUDA VMM), emulated with mmap.
 //
 //   cuMemAddressReserve  mmap PROT_NONE (anonymous, MAP_NORESERVE), aligned to 2 MiB
-//   cuMemCreate          an extent of the device's memfd, charged against its capacity
+//   cuMemCreate          an extent of the device's memfd, charged against its capacity; or,
+//                        for a host location, an extent of the host's memfd (host_memory()),
+//                        counted as pinned host memory and resident at once
 //   cuMemMap             mmap of that extent with MAP_FIXED|MAP_SHARED, still PROT_NONE
-//   cuMemSetAccess       mprotect to PROT_READ or PROT_READ|PROT_WRITE
+//   cuMemSetAccess       mprotect to PROT_READ or PROT_READ|PROT_WRITE (the host's view:
+//                        address_space.h, view_of)
 //   cuMemUnmap           mmap PROT_NONE over the range again: the VA stays reserved
 //
 // So a touch of VA that is unmapped or has no access raises SIGSEGV, as a GPU raises an
 // illegal address. The API's own rules are enforced with its error codes: sizes,
 // addresses and offsets in granules, offset 0, no mapping over a mapped range, no unmap
 // of part of a mapping, no access change on a range that is not fully mapped.
+//
+// Host-located physical memory (cuda.h, cuMemCreate): CU_MEM_LOCATION_TYPE_HOST (the id is
+// ignored; requestedHandleTypes must be 0, else CUDA_ERROR_INVALID_VALUE) and
+// CU_MEM_LOCATION_TYPE_HOST_NUMA with a NUMA node's id (cudasim's host has one node, 0; on a
+// host without NUMA the id must be 0, so any other id is CUDA_ERROR_INVALID_VALUE).
+// CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT is CUDA_ERROR_INVALID_VALUE, as the header says. A
+// driver without host-located VMM (CUDASIM_HOST_VMM=0, where the device attributes
+// HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED and HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+// read 0) answers CUDA_ERROR_NOT_SUPPORTED, cuda.h's code for "not supported on the current
+// system or device" and one cuMemCreate documents; a program asks the attribute first.
+// cuMemSetAccess grants devices access to such memory as to device memory, and the host
+// with a CU_MEM_LOCATION_TYPE_HOST_NUMA descriptor (id ignored), which the header allows on
+// host-located allocations only: over a range that maps any device memory it is
+// CUDA_ERROR_INVALID_VALUE.
 //
 // cuMemUnmap does not wait for queued work: a copy still reading the range faults. That
 // is the strict reading of CUDA's rules, and what lets tests catch an unmap that was not
@@ -18,6 +35,7 @@
 // Thread safety: the address space lock (exclusive) is taken before the physical-handle
 // lock; no stream work runs under either.
 #include <cuda.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 
 #include <cstring>
@@ -40,21 +58,37 @@ int prot_of(CUmemAccess_flags f) {
   }
 }
 
-// Checks an allocation's properties; returns the device or sets *err.
-Device* check_prop(const CUmemAllocationProp* prop, CUresult* err) {
-  *err = CUDA_SUCCESS;
-  if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) {
-    *err = CUDA_ERROR_INVALID_VALUE;
-    return nullptr;
+// Where an allocation's properties place its memory: on `device`, or on the host (device
+// null) at `location` / `location_id`.
+struct Placement {
+  Device* device = nullptr;
+  CUmemLocationType location = CU_MEM_LOCATION_TYPE_DEVICE;
+  int location_id = 0;
+};
+
+// Checks an allocation's properties (see the top of this file for host locations); fills
+// *out, or returns the error.
+CUresult check_prop(const CUmemAllocationProp* prop, Placement* out) {
+  if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+  out->location = prop->location.type;
+  out->location_id = prop->location.id;
+  switch (prop->location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+      out->device = device(prop->location.id);
+      return out->device ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+    case CU_MEM_LOCATION_TYPE_HOST:
+      if (!settings().host_vmm) return CUDA_ERROR_NOT_SUPPORTED;
+      // HOST allocations are not IPC capable: no shareable handle type.
+      return prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_NONE ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+      if (!settings().host_vmm) return CUDA_ERROR_NOT_SUPPORTED;
+      return prop->location.id == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+      return CUDA_ERROR_INVALID_VALUE;
+    default:
+      report_unsupported_once("VMM allocations located anywhere but on a device or the host");
+      return CUDA_ERROR_NOT_SUPPORTED;
   }
-  if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
-    report_unsupported_once("VMM allocations located anywhere but on a device");
-    *err = CUDA_ERROR_NOT_SUPPORTED;
-    return nullptr;
-  }
-  Device* dev = device(prop->location.id);
-  if (!dev) *err = CUDA_ERROR_INVALID_DEVICE;
-  return dev;
 }
 
 // The reservation holding [ptr, ptr+size) entirely, or nullptr. Caller holds as.mu.
@@ -79,12 +113,40 @@ std::vector<std::map<uintptr_t, Mapping>::iterator> exact_mappings(Region& r, ui
   return out;
 }
 
+// Physical memory on the host: an extent of host_memory(), counted as pinned host memory
+// (CUDASIM_HOST_PINNED_LIMIT applies) and resident from the start, as the driver pins it
+// (driver_memory.cpp, Note [Pinned pages are resident]; not under CUDASIM_UNBACKED). False,
+// with nothing held, when it cannot be had.
+bool allocate_on_host(uint64_t size, uint64_t* offset) {
+  if (!lock_host_pages(pinned_host_bytes(), size)) return false;
+  MemoryFile& file = host_memory();
+  if (!file.allocate(size, offset)) {
+    pinned_host_bytes().fetch_sub(size);
+    return false;
+  }
+  if (!settings().unbacked && ::fallocate(file.fd(), 0, off_t(*offset), off_t(size)) != 0) {
+    file.free(*offset, size);
+    pinned_host_bytes().fetch_sub(size);
+    return false;
+  }
+  return true;
+}
+
 // Frees a physical allocation whose counts both reached 0. Caller holds physical_mu.
 void maybe_free(Driver* drv, std::map<uint64_t, PhysicalAlloc>::iterator it) {
-  if (it->second.mappings > 0 || it->second.handle_refs > 0) return;
-  device(it->second.device)->free_physical(it->second.file_offset, it->second.size);
+  const PhysicalAlloc& a = it->second;
+  if (a.mappings > 0 || a.handle_refs > 0) return;
+  if (a.on_host()) {
+    host_memory().free(a.file_offset, a.size);
+    pinned_host_bytes().fetch_sub(a.size);
+  } else {
+    device(a.device)->free_physical(a.file_offset, a.size);
+  }
   drv->physical.erase(it);
 }
+
+// The memory file behind a physical allocation.
+int memory_fd_of(const PhysicalAlloc& a) { return a.on_host() ? host_memory().fd() : device(a.device)->memfd(); }
 
 }  // namespace
 }  // namespace cudasim
@@ -100,9 +162,9 @@ CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocatio
   if (!granularity) return call.ret(CUDA_ERROR_INVALID_VALUE);
   if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
     return call.ret(CUDA_ERROR_INVALID_VALUE);
-  CUresult err;
-  if (!check_prop(prop, &err)) return call.ret(err);
-  *granularity = kGranularity;
+  Placement place;
+  if (CUresult err = check_prop(prop, &place)) return call.ret(err);
+  *granularity = kGranularity;  // host-located memory's too
   return call.ret(CUDA_SUCCESS);
 }
 
@@ -170,16 +232,18 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
   if (!call.ok()) return call.status();
   call.note("%zu bytes", size);
   if (!handle || flags != 0 || size == 0 || !granular(size)) return call.ret(CUDA_ERROR_INVALID_VALUE);
-  CUresult err;
-  Device* dev = check_prop(prop, &err);
-  if (!dev) return call.ret(err);
+  Placement place;
+  if (CUresult err = check_prop(prop, &place)) return call.ret(err);
   uint64_t offset;
-  if (!dev->allocate_physical(size, &offset)) return call.ret(CUDA_ERROR_OUT_OF_MEMORY);
+  if (place.device ? !place.device->allocate_physical(size, &offset) : !allocate_on_host(size, &offset))
+    return call.ret(CUDA_ERROR_OUT_OF_MEMORY);
   Driver* drv = driver();
   std::lock_guard lock(drv->physical_mu);
   PhysicalAlloc a;
   a.id = drv->next_physical_id++;
-  a.device = dev->ordinal();
+  a.device = place.device ? place.device->ordinal() : -1;
+  a.location = place.location;
+  a.location_id = place.location_id;
   a.size = size;
   a.file_offset = offset;
   drv->physical[a.id] = a;
@@ -232,8 +296,8 @@ CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop, CUmem
   if (it == drv->physical.end() || it->second.handle_refs == 0) return call.ret(CUDA_ERROR_INVALID_VALUE);
   std::memset(prop, 0, sizeof *prop);
   prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop->location.id = it->second.device;
+  prop->location.type = it->second.location;
+  prop->location.id = it->second.location_id;  // for CU_MEM_LOCATION_TYPE_HOST, the id it was given
   return call.ret(CUDA_SUCCESS);
 }
 
@@ -261,8 +325,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
   if (it == drv->physical.end() || it->second.handle_refs == 0) return call.ret(CUDA_ERROR_INVALID_VALUE);
   PhysicalAlloc& a = it->second;
   if (offset + size > a.size) return call.ret(CUDA_ERROR_INVALID_VALUE);
-  Device* dev = device(a.device);
-  void* p = ::mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, dev->memfd(),
+  void* p = ::mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, memory_fd_of(a),
                    off_t(a.file_offset + offset));
   if (p == MAP_FAILED) return call.ret(CUDA_ERROR_OUT_OF_MEMORY);
   Mapping m;
@@ -271,7 +334,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
   m.device = a.device;
   r->mappings[uintptr_t(ptr)] = m;
   ++a.mappings;
-  dev->counters().mapped_bytes.fetch_add(size);
+  if (!a.on_host()) device(a.device)->counters().mapped_bytes.fetch_add(size);
   charge_host(settings().host_costs.mem_map_ns);
   return call.ret(CUDA_SUCCESS);
 }
@@ -294,7 +357,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   std::lock_guard plock(drv->physical_mu);
   for (auto& t : tiles) {
     auto it = drv->physical.find(t->second.physical_id);
-    device(t->second.device)->counters().mapped_bytes.fetch_sub(t->second.size);
+    if (!t->second.on_host()) device(t->second.device)->counters().mapped_bytes.fetch_sub(t->second.size);
     --it->second.mappings;
     maybe_free(drv, it);
     r->mappings.erase(t);
@@ -308,12 +371,16 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
   if (!call.ok()) return call.status();
   call.note("0x%llx %zu bytes", (unsigned long long)ptr, size);
   if (!desc || count == 0 || size == 0) return call.ret(CUDA_ERROR_INVALID_VALUE);
+  bool to_host = false;  // a descriptor grants the host itself access
   for (size_t i = 0; i < count; ++i) {
-    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
-      report_unsupported_once("cuMemSetAccess for locations other than devices");
+    if (desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+      to_host = true;  // its id is ignored
+    } else if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+      report_unsupported_once("cuMemSetAccess for locations other than devices and CU_MEM_LOCATION_TYPE_HOST_NUMA");
       return call.ret(CUDA_ERROR_NOT_SUPPORTED);
+    } else if (!device(desc[i].location.id)) {
+      return call.ret(CUDA_ERROR_INVALID_DEVICE);
     }
-    if (!device(desc[i].location.id)) return call.ret(CUDA_ERROR_INVALID_DEVICE);
     if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
         desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
       return call.ret(CUDA_ERROR_INVALID_VALUE);
@@ -324,13 +391,23 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
   if (!r) return call.ret(CUDA_ERROR_INVALID_VALUE);
   auto tiles = exact_mappings(*r, uintptr_t(ptr), size);
   if (tiles.empty()) return call.ret(CUDA_ERROR_INVALID_VALUE);
-  // The host stands in for the owning device: the access that device was given applies to
-  // the host's view. Other devices' grants are kept per device and checked by the copies and
-  // memsets queued on their streams (first_inaccessible_to).
+  // "Users cannot specify CU_MEM_LOCATION_TYPE_HOST_NUMA accessibility for allocations
+  // created on with other location types."
+  if (to_host)
+    for (auto& t : tiles)
+      if (!t->second.on_host()) return call.ret(CUDA_ERROR_INVALID_VALUE);
+  // Device memory: the host stands in for the owning device, so the access that device was
+  // given applies to the host's view. Other devices' grants are kept per device and checked
+  // by the copies and memsets queued on their streams (first_inaccessible_to). Host-located
+  // memory: every device's grant is kept that way, the host's own in `access`, and the
+  // host's view is what the devices were granted (address_space.h, view_of).
   for (auto& t : tiles) {
     Mapping& m = t->second;
-    for (size_t i = 0; i < count; ++i) set_access_of(m, desc[i].location.id, desc[i].flags);
-    ::mprotect(reinterpret_cast<void*>(t->first), m.size, prot_of(m.access));
+    for (size_t i = 0; i < count; ++i) {
+      if (desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) m.access = desc[i].flags;
+      else set_access_of(m, desc[i].location.id, desc[i].flags);
+    }
+    ::mprotect(reinterpret_cast<void*>(t->first), m.size, prot_of(view_of(m)));
   }
   charge_host(settings().host_costs.mem_set_access_ns * tiles.size());
   return call.ret(CUDA_SUCCESS);
@@ -339,7 +416,11 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
 CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
   Call call(__func__);
   if (!call.ok()) return call.status();
-  if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE) return call.ret(CUDA_ERROR_INVALID_VALUE);
+  if (!flags || !location) return call.ret(CUDA_ERROR_INVALID_VALUE);
+  if (location->type != CU_MEM_LOCATION_TYPE_DEVICE && location->type != CU_MEM_LOCATION_TYPE_HOST_NUMA)
+    return call.ret(CUDA_ERROR_INVALID_VALUE);
+  if (location->type == CU_MEM_LOCATION_TYPE_DEVICE && !device(location->id))
+    return call.ret(CUDA_ERROR_INVALID_DEVICE);
   AddressSpace& as = address_space();
   std::shared_lock lock(as.mu);
   Region* r = as.find(uintptr_t(ptr));
@@ -348,7 +429,13 @@ CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location
   if (it == r->mappings.begin() || std::prev(it)->first + std::prev(it)->second.size <= ptr)
     return call.ret(CUDA_ERROR_INVALID_VALUE);
   --it;
-  *flags = access_of(it->second, location->id);
+  if (location->type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+    // The host's own grant exists for host-located memory only.
+    if (!it->second.on_host()) return call.ret(CUDA_ERROR_INVALID_VALUE);
+    *flags = it->second.access;
+  } else {
+    *flags = access_of(it->second, location->id);
+  }
   return call.ret(CUDA_SUCCESS);
 }
 

@@ -158,6 +158,7 @@ Settings read_settings() {
       bad_setting("CUDASIM_HOST_PINNED_LIMIT", v, (std::string("a size up to 1PiB (0: no limit), ") + kSizeForm).c_str());
     s.host_pinned_limit = *bytes;
   }
+  if (const char* v = std::getenv("CUDASIM_HOST_VMM"); v && *v) s.host_vmm = parse_switch("CUDASIM_HOST_VMM", v);
   if (const char* v = std::getenv("CUDASIM_FAIL"); v && *v) {
     std::string why;
     if (!check_fail_spec(v, &why)) bad_setting("CUDASIM_FAIL", v, why, kFailSpecAccepted);

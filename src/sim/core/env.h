@@ -59,6 +59,12 @@ struct Settings {
   // driver refuses to pin once the host cannot lock more pages (its RAM, or RLIMIT_MEMLOCK in
   // a container): pinning that would pass the limit fails with out-of-memory.
   uint64_t host_pinned_limit = 0;
+  // CUDASIM_HOST_VMM=0|1 (default 1): whether the driver can place VMM physical memory on the
+  // host (cuMemCreate with a host location; device attributes
+  // CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED and
+  // CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED). 0 models a driver with
+  // neither: the attributes read 0 and such a cuMemCreate fails with CUDA_ERROR_NOT_SUPPORTED.
+  bool host_vmm = true;
   std::string fail_spec;                // CUDASIM_FAIL: calls that fail on purpose (fault.h); checked here
   uint64_t fail_seed = 1;               // CUDASIM_FAIL_SEED: the generator of CUDASIM_FAIL's pX rules
 };

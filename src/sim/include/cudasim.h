@@ -29,14 +29,16 @@ typedef struct cudasim_counters {
   uint64_t bytes_memset;         /* bytes written by memset calls */
   uint64_t ops_executed;         /* stream operations completed (copies, memsets, kernels, host functions,
                                     event records, waits) */
-  uint64_t physical_bytes;       /* device memory in use now: cuMemCreate handles plus cudaMalloc/cuMemAlloc blocks */
+  uint64_t physical_bytes;       /* device memory in use now: cuMemCreate handles located on the device plus
+                                    cudaMalloc/cuMemAlloc blocks */
   uint64_t peak_physical_bytes;  /* the most physical_bytes has been since start or the last reset */
-  uint64_t mapped_bytes;         /* bytes of VA currently mapped to physical memory with cuMemMap */
+  uint64_t mapped_bytes;         /* bytes of VA currently mapped with cuMemMap to the device's memory */
   uint64_t capacity_bytes;       /* the device's size (CUDASIM_DEVICE_MEMORY) */
   /* Pinned host memory is the process's, not a device's: every device reads the same
    * values, and cudasim_reset_counters leaves them alone. */
   uint64_t pinned_bytes;         /* host memory from cudaHostAlloc/cudaMallocHost/cuMemHostAlloc/cuMemAllocHost
-                                    not yet freed, in bytes asked for */
+                                    not yet freed, in bytes asked for, plus cuMemCreate handles located on the
+                                    host (CU_MEM_LOCATION_TYPE_HOST, _HOST_NUMA) not yet freed */
   uint64_t registered_bytes;     /* host memory page-locked by cudaHostRegister/cuMemHostRegister and not yet
                                     unregistered */
 } cudasim_counters;
