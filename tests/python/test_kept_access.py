@@ -1,25 +1,34 @@
 #!/usr/bin/python3
-"""Reading kept blocks outside their uses, in the CPU-emulation mode: state_dict of a module
-under vramswap.offload_frozen and of an optimizer under vramswap.offload_optimizer,
-vramswap.materialize, and remove(). Between its uses a kept block may be evicted: its pages
-are unmapped, and a read of its tensor faults ("cudasim: illegal address ... host access to
-reserved device VA that is not mapped", SIGSEGV; on a GPU an illegal memory access).
+"""Reading and writing kept blocks outside their uses, in the CPU-emulation mode: state_dict
+and load_state_dict of a module under vramswap.offload_frozen and of an optimizer under
+vramswap.offload_optimizer, vramswap.materialize, and remove(). Between its uses a kept block
+may be evicted: its pages are unmapped, and a read or write of its tensor faults ("cudasim:
+illegal address ... host access to reserved device VA that is not mapped", SIGSEGV; on a GPU
+an illegal memory access).
 
-The model: a LoRA-style model (a frozen 512x1024 embedding, four frozen 1024x1024 layers
-each with a rank-8 adapter, a frozen 1024x512 head), AdamW on the adapters, three steps, the
-forwards under vramswap.offload(), at half the peak of the same run without offload (below
-the frozen weights alone).
+The model: scripts/train_kept.py's LoRA-style model, smaller (a frozen 512x1024 embedding,
+four frozen 1024x1024 layers each with a rank-8 adapter, a frozen 1024x512 head), AdamW on
+the adapters, three steps, the forwards under vramswap.offload(), at half the peak of the
+same run without offload (below the frozen weights alone).
 frozen     offload_frozen(model). After the third step: torch.save(model.state_dict()) and
            torch.save(optimizer.state_dict()) (to a BytesIO), bit-identical to plain torch's.
            Then materialize(model) refuses with an out-of-memory that names materialize and
            the bytes (the frozen weights exceed the limit), materialize(model.layers[1])
-           lets its weights be read; a fourth step still matches plain torch; remove() puts
-           back what fits and refuses the rest with an out-of-memory that names remove().
+           lets its weights be read; a fourth step still matches plain torch. Then
+           model.load_state_dict of the saved state dict with every tensor halved (the frozen
+           weights change), read back by state_dict() and used by a fifth step, both
+           bit-identical to plain torch's, the kept bytes unchanged; remove() puts back what
+           fits and refuses the rest with an out-of-memory that names remove().
 optimizer  the same model with its head trained too (AdamW's state of the head is kept:
            2 x 2 MiB), offload_frozen(model) and offload_optimizer(optimizer); one forward
            without grad (an evaluation) after the third step pushes the state out. Then the
            same saves, materialize(optimizer) and a read of every state tensor, a fourth
-           step, and remove() of the optimizer's offload, then optimizer.state_dict() again.
+           step; optimizer.load_state_dict and model.load_state_dict of the saved state dicts
+           (the state kept as it is loaded: the kept bytes unchanged), the state read under
+           materialize and a fifth step bit-identical to plain torch's; and remove() of the
+           optimizer's offload, then optimizer.state_dict() again.
+The loads read the saved files with torch.load(mmap=True): host memory, outside vramswap's
+also in the CPU-emulation mode, as a checkpoint's CPU tensors are on a GPU.
 
 Each run is a child process (`--child MODE CASE OUT LIMIT`), so a fault is a failed check:
 ref (no vramswap), peak (vramswap, no limit, no offload), offload (the limit and the
@@ -38,6 +47,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 import harness  # noqa: E402
 
 MIB = 1 << 20
@@ -47,40 +57,13 @@ CASES = ("frozen", "optimizer")
 
 
 def build(torch, case):
-    nn = torch.nn
-
-    class Adapted(nn.Module):
-        def __init__(self, d, r):
-            super().__init__()
-            self.base = nn.Linear(d, d)
-            self.a = nn.Linear(d, r, bias=False)
-            self.b = nn.Linear(r, d, bias=False)
-
-        def forward(self, x):
-            return self.base(x) + self.b(self.a(x))
-
-    class LoRA(nn.Module):
-        def __init__(self, d=1024, r=8, layers=4, vocab=512):
-            super().__init__()
-            self.embed = nn.Embedding(vocab, d)
-            self.layers = nn.ModuleList(Adapted(d, r) for _ in range(layers))
-            self.head = nn.Linear(d, vocab)
-
-        def forward(self, tokens, targets):
-            x = self.embed(tokens)
-            for layer in self.layers:
-                x = torch.tanh(layer(x))
-            return nn.functional.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
-
-    torch.manual_seed(0)
-    model = LoRA()
-    for name, p in model.named_parameters():
-        p.requires_grad = (name.endswith(".a.weight") or name.endswith(".b.weight")
-                           or (case == "optimizer" and name.startswith("head.")))
-    tokens = torch.randint(0, 512, (4, 32))
-    targets = torch.randint(0, 512, (4, 32))
+    import train_kept
+    model, data = train_kept.lora_model(rank=8, layers=4)
+    if case == "optimizer":
+        for p in model.head.parameters():
+            p.requires_grad = True
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    return model, (tokens, targets), opt
+    return model, data, opt
 
 
 def digest(t):
@@ -188,6 +171,41 @@ def child(mode, case, out, limit):
     trained = {n: digest(p) for n, p in model.named_parameters() if p.requires_grad}
     reached("fourth_step", losses=losses, trained=trained)
 
+    # The checkpoint of the third step loaded back, read with mmap=True (host memory, outside
+    # vramswap's also in the CPU-emulation mode, as torch.load's CPU tensors are on a GPU);
+    # in the frozen case every tensor halved first, so that the frozen weights change. The
+    # optimizer case loads the optimizer first: a fault there is the optimizer's own.
+    def checkpoint(what):
+        return torch.load(os.path.join(out, f"{case}.{mode}.{what}.pt"), mmap=True, weights_only=True)
+
+    def model_digests():
+        return {k: digest(t) for k, t in model.state_dict().items()}
+
+    if case == "optimizer":
+        opt.load_state_dict(checkpoint("optimizer"))
+        reached("load_optimizer")
+    sd = checkpoint("model")
+    if case == "frozen":
+        for t in sd.values():
+            t.mul_(0.5)
+    loaded = {k: digest(t) for k, t in sd.items()}
+    model.load_state_dict(sd)
+    del sd
+    stats = vramswap.memory_stats() if vramswap is not None else {}
+    reached("load_model", loaded_model=loaded, model_after_load=model_digests(),
+            kept_bytes_after_load=stats.get("kept_bytes", 0))
+    if case == "optimizer":
+        if mode == "offload":
+            with vramswap.materialize(opt):
+                states = [digest(t) for st in opt.state.values() for t in st.values()]
+        else:
+            states = [digest(t) for st in opt.state.values() for t in st.values()]
+        reached("read_loaded_optimizer", states_after_load=states)
+    loss = step()
+    stats = vramswap.memory_stats() if vramswap is not None else {}
+    reached("step_after_load", loss_after_load=loss, model_after_step=model_digests(),
+            kept_bytes_after_step=stats.get("kept_bytes", 0))
+
     if mode == "offload" and case == "frozen":
         try:
             frozen.remove()
@@ -282,6 +300,24 @@ def check_case(check, case, tmp):
               f"optimizer: every state tensor read under materialize(optimizer) is plain torch's")
     check(off.get("losses") == ref["losses"] and off.get("trained") == ref.get("trained"),
           f"{case}: a step after the saves still bit-identical (losses {off.get('losses')})")
+    if case == "optimizer":
+        check(off.get("states_after_load") == ref.get("states_after_load") and ref.get("states_after_load"),
+              "optimizer: after optimizer.load_state_dict(the third step's state) every state tensor read under "
+              "materialize(optimizer) is plain torch's")
+    changed = "the frozen weights halved" if case == "frozen" else "as saved"
+    check(off.get("model_after_load") == off.get("loaded_model") == ref.get("loaded_model")
+          and ref.get("model_after_load") == ref.get("loaded_model") and ref.get("loaded_model"),
+          f"{case}: model.load_state_dict(the third step's checkpoint, {changed}) into frozen weights that had left "
+          f"the device: state_dict() after it reads the loaded tensors")
+    check(off.get("kept_bytes_after_load") == off.get("kept_bytes_after_step") == off.get("kept_bytes_after_training")
+          and off.get("kept_bytes_after_training"),
+          f"{case}: kept bytes after the loads and after the next step as before them (the loaded tensors kept "
+          f"as they are loaded, nothing left kept of the replaced ones: {off.get('kept_bytes_after_training')}, "
+          f"{off.get('kept_bytes_after_load')}, {off.get('kept_bytes_after_step')})")
+    check("loss_after_load" in ref and off.get("loss_after_load") == ref.get("loss_after_load")
+          and off.get("model_after_step") == ref.get("model_after_step"),
+          f"{case}: the step after the loads bit-identical to plain torch's, loss ({off.get('loss_after_load')}) and "
+          f"every parameter after it (the frozen weights the loaded ones, also after they left and came back)")
     if case == "frozen":
         message = off.get("remove_error", None)
         check(message is not None and ("remove" in message and "out of memory" in message.lower()),

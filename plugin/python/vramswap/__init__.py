@@ -6,9 +6,9 @@ What exists so far (see DESIGN.md, "Who uses it and how"):
   vramswap.sim.install_cpu(**config)  the CPU-emulation mode: torch's CPU tensors are
                                       allocated by libvramswap.so on cudasim (no GPU needed)
   vramswap.offload()                  the autograd tracker (saved-tensor hooks)
-  vramswap.offload_frozen(module)     frozen weights streamed layer by layer (kept.py)
-  vramswap.offload_optimizer(opt)     optimizer state off the device between steps (kept.py)
-  vramswap.materialize(module_or_opt) their kept blocks back on the device, for a direct read
+  vramswap.offload_frozen(module)     frozen weights streamed layer by layer (kept_frozen.py)
+  vramswap.offload_optimizer(opt)     optimizer state off the device between steps (kept_optimizer.py)
+  vramswap.materialize(module_or_opt) their kept blocks back on the device, for a direct read (kept.py)
   vramswap.memory_stats()             vramswap_stats_json as a dict, plus torch's key names
   vramswap.memory_allocated(), max_memory_allocated(), memory_reserved(),
   max_memory_reserved(), reset_peak_memory_stats()   torch.cuda's functions, by their names
@@ -48,7 +48,8 @@ __all__ = ["__version__", "install", "installed", "sim", "offload", "memory_stat
 # (vramswap.bench, `python3 -m vramswap bench|replay`, memory_stats) runs without it.
 _LAZY = {"sim": ("sim", None), "install": ("cuda", "install"), "installed": ("cuda", "installed"),
          "offload": ("tracker", "offload"), "tracker_stats": ("tracker", "tracker_stats"),
-         "offload_frozen": ("kept", "offload_frozen"), "offload_optimizer": ("kept", "offload_optimizer"),
+         "offload_frozen": ("kept_frozen", "offload_frozen"),
+         "offload_optimizer": ("kept_optimizer", "offload_optimizer"),
          "materialize": ("kept", "materialize"),
          "OutOfMemoryError": ("_errors", "OutOfMemoryError")}
 

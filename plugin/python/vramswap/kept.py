@@ -1,5 +1,7 @@
-"""Kept blocks from torch: frozen weights streamed layer by layer (offload_frozen) and
-optimizer state that leaves the device between optimizer steps (offload_optimizer).
+"""Kept blocks from torch: what offload_frozen (kept_frozen.py: frozen weights streamed layer
+by layer, Note [Frozen weights]) and offload_optimizer (kept_optimizer.py: optimizer state
+that leaves the device between optimizer steps, Note [Optimizer state]) share: keeping a
+tensor, its uses, and the reads and writes outside them (materialize, here).
 
 Both rest on vramswap's kept blocks (Note [Kept blocks] in src/residency/engine.h): a block
 with a handle that outlives every step, used through vramswap_use and ended by
@@ -9,61 +11,13 @@ inside an offload scope) if it is not in one already, and its Parameter or state
 points there from then on. Tensors too small to be tagged (VRAMSWAP_MIN_OFFLOAD_BYTES) stay
 where they are, resident.
 
-Note [Frozen weights]
----------------------
-offload_frozen(module) keeps the parameters of every module under `module` whose own
-parameters all have requires_grad=False (a LoRA base layer; the adapters stay resident) as
-*frozen* blocks: their contents never change, so a weight is copied to the host once and
-every later eviction only unmaps its pages. A forward pre-hook uses the module's weights
-(fetched if they left; the next ones in the learned order are prefetched) and a forward hook
-ends the use, when it is known that nothing but vramswap's tracker holds them for backward:
- * grad mode was off, or no output needs a gradient: nothing saved them;
- * vramswap's tracker packed the weight during the call (an offload scope is open): backward
-   gets it back through the tracker's unpack, and the engine marks it cold again after
-   that use is released.
-Otherwise the saved tensors went elsewhere:
- * during backward (torch.utils.checkpoint recomputing the module): checkpoint's hooks hold
-   the weight until the recomputed module's backward, so the use ends when the gradient of
-   its inputs is computed (a hook on each input that needs one), or at the latest when the
-   backward that runs finishes (a callback queued at its end);
- * inside an offload scope, with hooks nested inside the tracker's (checkpoint's forward,
-   which keeps nothing; save_on_cpu, which keeps a copy): the use ends now;
- * with no offload scope open, autograd saved the weight itself and backward reads it with no
-   call to vramswap: the use ends when the backward that the output's graph runs has
-   finished (a callback at its end, queued by a hook on the output's grad_fn).
-Moving the kept weights leaves holes: `module.to(device)` placed each layer's small
-parameters (a bias, the adapters) right after its weight, so once the weights move out each
-layer's few small blocks hold a granule of their own mapped. So the module's other small
-parameters (below half a granule) move too, all at once, as Module.to() moves them (their
-storage through host memory, `param.data` replaced): allocated one after another, they share
-a few granules. On an H200 (torch 2.11) the LoRA model of tests/gpu/kept.py ran out of
-memory at its no-offload peak less 14 MiB: its six layers' adapters held six granules of
-2 MiB for 1.2 MiB of tensors.
-The promises the caller makes: a frozen parameter is read only inside the forward of a
-module that holds it (a weight tied into another module's forward by a functional call is
-not seen) or as Note [Reads outside a use] allows, never written, and no saved-tensor hooks
-nested inside an offload scope keep a frozen weight itself for backward.
-
-Note [Optimizer state]
-----------------------
-offload_optimizer(optimizer) replaces the optimizer's step() (an instance attribute, so a
-learning-rate scheduler that wraps it keeps working) by one that runs the original step on
-a few parameters at a time (consecutive ones of a group whose bytes stay within 1/32 of the
-device's limit, at least one): their state is used (fetched, the next parameters' state
-prefetched), the original step runs with every parameter group holding only those
-parameters, and the state is marked cold again. State created by that step (the first one) is kept right
-after it. So only a window of the state is on the device at once, and the state of the
-whole model leaves between steps when memory is short; the math is the original step's,
-element for element. It suits optimizers whose step treats each parameter on its own (SGD,
-Adam, AdamW and their foreach and fused forms); one that couples parameters (LBFGS) must not
-be wrapped.
-
 Note [Reads outside a use]
 --------------------------
 Between its uses a kept block may be evicted: its pages are unmapped and its address
-reserved, so any read of its tensor faults (an illegal address on a GPU, SIGSEGV in the
-CPU-emulation mode) until the block is used again. Host-backed addresses for evicted blocks
-would make every read safe; until then, the reads torch lets us see bring the blocks back:
+reserved, so any read or write of its tensor faults (an illegal address on a GPU, SIGSEGV
+in the CPU-emulation mode) until the block is used again. Host-backed addresses for evicted blocks
+would make every read safe; until then, the reads and writes torch lets us see bring the
+blocks back:
  * state_dict(): a state_dict post-hook on every module with kept parameters, and one on the
    optimizer, replace each kept tensor's entry by a copy in host memory (a CPU tensor; in the
    CPU-emulation mode one outside vramswap's memory), made one module (one parameter's state)
@@ -76,13 +30,29 @@ would make every read safe; until then, the reads torch lets us see bring the bl
    long as it lives, which cannot fit when the base is larger than the limit (the case
    offload_frozen is for; tests/python/test_kept_access.py saves such a model).
    Not covered: state_dict(keep_vars=True), whose entries are the Parameters themselves.
+ * model.load_state_dict(): a load pre-hook on every module with kept parameters ends the
+   keep of those the state dict has (vramswap_unkeep: brought back if they left, the host
+   copy of a frozen one dropped, since it holds the old contents) before torch copies into
+   them, and they are kept again once written, frozen from the loaded contents on (a new
+   handle; their first eviction copies them out again): at the next such module's pre-hook,
+   or at this module's post-hook. So one module's kept weights are on the device at once,
+   as for state_dict(). A Parameter that load_state_dict(assign=True) replaced is kept in its
+   place. Not covered: a module whose own _load_from_state_dict runs no pre-hooks.
+ * optimizer.load_state_dict(): torch casts every state tensor of the state dict to its
+   parameter's device at once, more than fits when the state is larger than the limit (the
+   case offload_optimizer is for). A load pre-hook hands them past that cast, each wrapped
+   (load pre-hooks registered after offload_optimizer see the wrappers), and a post-hook,
+   the first to run, copies each into a new kept block, cold at once, one tensor at a time,
+   placed as torch's cast would place it (the parameter's device, its dtype for a floating
+   parameter). The replaced state's blocks, freed with it, are forgotten; one the program
+   still holds becomes an ordinary block.
  * materialize(module_or_optimizer): every kept block under it is used (brought back) and
    stays in use, never evicted, until the next ordinary use of the block takes it over (its
-   module's forward, the optimizer's step) or the returned object's release() (the end of a
-   `with` block). All or nothing: when they do not all fit, the ones brought back are cold
-   again and it raises an out-of-memory naming materialize and the bytes. A held block is
-   memory the next step cannot use until its module's forward: release it first when
-   memory is tight.
+   module's forward, the optimizer's step, a load_state_dict) or the returned object's
+   release() (the end of a `with` block). All or nothing: when they do not all fit, the
+   ones brought back are cold again and it raises an out-of-memory naming materialize and
+   the bytes. A held block is memory the next step cannot use until its module's forward:
+   release it first when memory is tight.
  * remove(): every block comes back and becomes ordinary device memory; one that cannot (no
    room) stays kept, and remove() raises an out-of-memory naming it.
 Not covered: any other read of a kept tensor outside its uses (p.sum(), p.cpu(), a
@@ -123,15 +93,6 @@ class _Kept:
         self.nbytes = nbytes
 
 
-_SMALL_BYTES = 1 << 20  # half a granule: the pool's small blocks share granules
-
-
-def _storage_nbytes(t):
-    """The bytes of t's whole storage (torch 2.x: untyped_storage; 1.13: storage)."""
-    storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-    return storage.nbytes()
-
-
 def _to_host(t):
     """A copy of contiguous `t` in memory that is not vramswap's, and a function that copies it
     into a tensor like t. In the CPU-emulation mode a CPU tensor is vramswap's memory, so the
@@ -141,6 +102,23 @@ def _to_host(t):
         return lambda dst: dst.copy_(host)
     raw = t.detach().reshape(-1).view(torch.uint8).numpy().copy()
     return lambda dst: dst.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(raw))
+
+
+def _tagged(make):
+    """make() called inside an offload scope: the tensor it allocates is in a tagged block
+    (one too small to be tagged comes from the ordinary pool all the same)."""
+    lib = _lib.lib()
+    lib.vramswap_scope_push()
+    try:
+        return make()
+    finally:
+        lib.vramswap_scope_pop()
+
+
+def _cold_kept(t, h):
+    """The kept block `h` holding t marked cold -> its _Kept."""
+    _check(_lib.lib().vramswap_mark_cold(h, _stream()), "vramswap_mark_cold")
+    return _Kept(h, t.data_ptr(), t.numel() * t.element_size())
 
 
 def _keep(get, frozen, release=None):
@@ -161,11 +139,9 @@ def _keep(get, frozen, release=None):
             shape, dtype, device = t.shape, t.dtype, t.device
             release()
             del t
-        lib.vramswap_scope_push()
-        try:
-            moved = torch.empty(shape, dtype=dtype, device=device) if copy_into else torch.empty_like(t)
-        finally:
-            lib.vramswap_scope_pop()
+            moved = _tagged(lambda: torch.empty(shape, dtype=dtype, device=device))
+        else:
+            moved = _tagged(lambda: torch.empty_like(t))
         with torch.no_grad():
             if copy_into:
                 copy_into(moved)
@@ -175,8 +151,7 @@ def _keep(get, frozen, release=None):
         if h == 0:
             return moved, None  # not tagged there either: too small
         t = moved
-    _check(lib.vramswap_mark_cold(h, _stream()), "vramswap_mark_cold")
-    return t, _Kept(h, t.data_ptr(), t.numel() * t.element_size())
+    return t, _cold_kept(t, h)
 
 
 def _use(kept, lane):
@@ -307,50 +282,25 @@ def _snapshot(entries, device, what, hint):
                 _cold_quietly(kept)
 
 
-_offloads = weakref.WeakSet()  # the live FrozenOffload and OptimizerOffload objects (materialize)
-_copies = {}  # id(state dict) -> {id(param): host copy}: a parameter tied into two modules copied once
+def _unkept(kept):
+    """Ends the keep of `kept` (vramswap_unkeep: an evicted block is brought back first) ->
+    "" when it ended, or was over already (a stale handle: the block was freed), else why not
+    (no room to bring it back: it stays kept)."""
+    lib = _lib.lib()
+    if lib is None or lib.vramswap_unkeep(kept.handle) == 0:
+        return ""
+    message = _lib.last_error()
+    return "" if "stale" in message else message or "vramswap_unkeep failed"
 
 
-def _copies_of(destination):
-    """The host copies already made for `destination` (a module's state dict being filled)."""
-    key = id(destination)
-    copies = _copies.get(key)
-    if copies is None:
-        try:
-            weakref.finalize(destination, _copies.pop, key, None)
-        except TypeError:  # a plain dict passed as destination: no weak reference, no sharing
-            return {}
-        copies = _copies[key] = {}
-    return copies
-
-
-def _register_state_dict_post_hook(module, method):
-    def hook(module, destination, prefix, local_metadata):  # torch marks it: a function, not a method
-        method(module, destination, prefix, local_metadata)
-
-    register = getattr(module, "register_state_dict_post_hook", None)  # torch >= 2.5
-    return register(hook) if register is not None else module._register_state_dict_hook(hook)
-
-
-def _uncovered(what, failures):
-    """The out-of-memory remove() raises when blocks could not come back."""
+def _uncovered(what, failures, outcome):
+    """The out-of-memory raised when kept blocks could not come back: `failures` are (_Kept,
+    message); `outcome` says what became of them."""
     from ._errors import OutOfMemoryError
     nbytes = sum(k.nbytes for k, _ in failures)
     return OutOfMemoryError(
         f"vramswap: out of memory in {what}: {len(failures)} kept tensors of {_size(nbytes)} could not come back "
-        f"to the device; they stay kept (the offload goes on for them: call remove() again once there is "
-        f"room). [{failures[0][1]}]")
-
-
-def _grad_fns(output):
-    """The grad_fn of every tensor in `output` (a tensor, or a tuple, list or dict of them)."""
-    if isinstance(output, torch.Tensor):
-        return [output.grad_fn] if output.grad_fn is not None else []
-    if isinstance(output, dict):
-        output = list(output.values())
-    if isinstance(output, (tuple, list)):
-        return [fn for o in output for fn in _grad_fns(o)]
-    return []
+        f"to the device; {outcome} [{failures[0][1]}]")
 
 
 def _unkeep_all(kept_by_key, kept_of, uses, who):
@@ -360,395 +310,18 @@ def _unkeep_all(kept_by_key, kept_of, uses, who):
     failures = []
     for key, entry in list(kept_by_key.items()):
         kept = kept_of(entry)
-        lib = _lib.lib()
-        if lib is not None and lib.vramswap_unkeep(kept.handle) != 0:
-            message = _lib.last_error()
-            if "stale" not in message:  # a stale handle: its block was freed, nothing to undo
-                failures.append((kept, message))
-                continue
+        message = _unkept(kept)
+        if message:
+            failures.append((kept, message))
+            continue
         uses.forget(kept.handle)
         del kept_by_key[key]
     if failures:
-        raise _uncovered(who, failures)
+        raise _uncovered(who, failures, "they stay kept (the offload goes on for them: call remove() again once "
+                         "there is room).")
 
 
-class FrozenOffload:
-    """What offload_frozen returns: the kept weights and the hooks; remove() undoes both (the
-    weights come back to the device and stay there)."""
-
-    def __init__(self, module):
-        self._kept = {}       # id(param) -> (param, _Kept)
-        self._params = {}     # id(module) -> its kept parameters
-        self._hooks = []
-        self._state = threading.local()
-        self._uses = _Uses()
-        seen = set()
-        for m in module.modules():
-            own = list(m.parameters(recurse=False))
-            if not own or any(p.requires_grad for p in own):
-                continue
-            params = []
-            for p in own:
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    self._keep_param(p)
-                if id(p) in self._kept:
-                    params.append(p)
-            if params:
-                self._params[id(m)] = params
-                self._hooks.append(m.register_forward_pre_hook(self._pre))
-                self._hooks.append(m.register_forward_hook(self._post))
-                self._hooks.append(_register_state_dict_post_hook(m, self._state_dict_post))
-        self._pack_small(module)
-        _offloads.add(self)
-
-    def _pack_small(self, module):
-        """Moves the other small parameters of `module` on the kept weights' devices together
-        (Note [Frozen weights])."""
-        devices = {p.device for p, _ in self._kept.values()}
-        small, seen = [], set(self._kept)
-        for p in module.parameters():
-            t = p.data
-            if id(p) in seen or t.device not in devices:
-                continue
-            seen.add(id(p))
-            nbytes = t.numel() * t.element_size()
-            if (t.layout == torch.strided and 0 < nbytes < _SMALL_BYTES and t._base is None
-                    and t.is_contiguous() and t.storage_offset() == 0 and _storage_nbytes(t) == nbytes):
-                small.append(p)
-        moves = [(p, p.data.shape, p.data.dtype, _to_host(p.data)) for p in small]
-        for p in small:
-            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        with torch.no_grad():
-            for p, shape, dtype, copy_into in moves:
-                moved = torch.empty(shape, dtype=dtype, device=p.device)
-                copy_into(moved)
-                p.data = moved
-
-    def _keep_param(self, p):
-        empty = torch.empty(0, dtype=p.dtype, device=p.device)
-
-        def release():
-            p.data = empty  # the parameter's old storage goes while its bytes wait on the host
-
-        t, kept = _keep(lambda: p.data, frozen=True, release=release)
-        if t is not p.data:
-            p.data = t
-        if kept is None:
-            self._kept.pop(id(p), None)
-            return
-        self._kept[id(p)] = (p, kept)
-
-    def __len__(self):
-        """How many parameters are kept."""
-        return len(self._kept)
-
-    def kept_bytes(self):
-        return sum(p.numel() * p.element_size() for p, _ in self._kept.values())
-
-    def _entries(self, module):
-        out = []
-        for p in self._params.get(id(module), ()):
-            entry = self._kept.get(id(p))
-            if entry is not None and p.data_ptr() != entry[1].ptr:
-                self._keep_param(p)  # the program replaced its storage: keep the new one
-                entry = self._kept.get(id(p))
-            if entry is not None:
-                out.append(entry[1])
-        return out
-
-    def _pre(self, module, inputs):
-        entries = self._entries(module)
-        for kept in entries:
-            self._uses.begin(kept.handle)  # this use ends a materialize() hold: its cold mark ends it
-            _use(kept, FORWARD)
-        sim.synchronize()
-        calls = getattr(self._state, "calls", None)
-        if calls is None:
-            calls = self._state.calls = []
-        calls.append((module, torch.is_grad_enabled(), [(k, _tracker.live(k.handle)) for k in entries]))
-
-    def _post(self, module, inputs, output):
-        calls = getattr(self._state, "calls", None)
-        # The innermost call of this module (a module whose forward raised left its entry).
-        while calls and calls[-1][0] is not module:
-            calls.pop()
-        if not calls:
-            return
-        _, grad, entries = calls.pop()
-        fns = _grad_fns(output) if grad else []
-        later = []
-        for kept, live_before in entries:
-            if not fns or _tracker.live(kept.handle) > live_before:
-                self._uses.end(kept.handle)
-                _cold(kept)  # nothing saved it, or backward gets it through the tracker
-            else:
-                later.append(kept)
-        if not later:
-            return
-
-        done = []
-
-        def cold(*_):
-            if done:
-                return None
-            done.append(True)
-            for kept in later:
-                self._uses.end(kept.handle)
-                _cold_quietly(kept)
-            return None
-
-        try:
-            # Backward is running: this is torch.utils.checkpoint's recomputation, whose saved
-            # tensors its own hooks hold until the recomputed module ran backward. That is done
-            # once the gradient of its inputs is (a hook on each input that needs one), or at
-            # the latest when the backward finishes (a callback queued at its end).
-            torch.autograd.Variable._execution_engine.queue_callback(cold)
-            for t in inputs:
-                if isinstance(t, torch.Tensor) and t.requires_grad:
-                    t.register_hook(cold)
-            return
-        except RuntimeError:
-            pass
-        if _tracker.scope_open():
-            # Inside an offload scope the tracker's hooks would have packed the weight; hooks
-            # nested inside them took the saves instead: checkpoint's forward, which keeps none.
-            cold()
-            return
-        # No offload scope: autograd saved the weight itself, for a backward vramswap does not
-        # see. Cold once the backward that the output's graph runs has finished.
-        def end_of_backward(*_):
-            torch.autograd.Variable._execution_engine.queue_callback(cold)
-        for fn in fns:
-            fn.register_hook(end_of_backward)
-
-    def _state_dict_post(self, module, destination, prefix, local_metadata=None):
-        """The state dict's entries of `module`'s kept parameters become host copies (Note
-        [Reads outside a use]): this module's blocks on the device at once, no more."""
-        wanted = []
-        for name, p in module._parameters.items():
-            entry = self._kept.get(id(p)) if p is not None else None
-            key = prefix + name
-            t = destination.get(key) if entry is not None else None
-            # Skipped: keep_vars=True (the entry is the Parameter), or an entry the module's own
-            # _save_to_state_dict made of something else.
-            if isinstance(t, torch.Tensor) and t is not p and t.data_ptr() == entry[1].ptr:
-                wanted.append((key, p, t, entry[1]))
-        if not wanted:
-            return
-        copies = _copies_of(destination)  # a tied parameter is copied once per state dict
-        entries = {}
-        for key, p, t, kept in wanted:
-            if id(p) not in copies and id(p) not in entries:
-                entries[id(p)] = (key, t, self._uses, kept)
-        if entries:
-            label = prefix[:-1] or type(module).__name__
-            first = next(iter(entries.values()))
-            made = _snapshot(list(entries.values()), first[1].device, f"state_dict() at module {label!r}",
-                             "state_dict() brings back one module's kept weights at a time, and this "
-                             "module's alone do not fit.")
-            for p_id, (key, _, _, _) in entries.items():
-                copies[p_id] = made[key]
-        for key, p, _, _ in wanted:
-            destination[key] = copies[id(p)]
-
-    def _blocks(self, ids):
-        """The kept blocks of the parameters whose ids are in `ids`, as (_Uses, _Kept), and the
-        device of the first."""
-        blocks, device = [], None
-        for pid, (p, kept) in self._kept.items():
-            if pid in ids and p.data_ptr() == kept.ptr:
-                blocks.append((self._uses, kept))
-                device = device or p.device
-        return blocks, device
-
-    def remove(self):
-        """Removes the hooks and ends every keep (evicted weights come back first, one at a
-        time). A weight that cannot come back (no room) stays kept, its hooks with it, and
-        remove() raises an out-of-memory naming it: call it again once there is room."""
-        _unkeep_all(self._kept, lambda entry: entry[1], self._uses, "FrozenOffload.remove()")
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        _offloads.discard(self)
-
-
-def offload_frozen(module):
-    """Streams the frozen parameters under `module` (Note [Frozen weights]): every module
-    whose own parameters all have requires_grad=False has them kept as frozen blocks, used in
-    its forward and evicted after it under pressure (copied to the host once; later evictions
-    cost no copy), prefetched ahead of their next use. Parameters keep their identity (their
-    storage moves once, now, into blocks vramswap can evict). Returns a FrozenOffload (len:
-    the parameters kept; remove() undoes it)."""
-    return FrozenOffload(module)
-
-
-class OptimizerOffload:
-    """What offload_optimizer returns (Note [Optimizer state]); remove() restores the
-    optimizer's own step() and ends every keep."""
-
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-        self._kept = {}  # (id(param), state key) -> _Kept
-        self._untagged = set()  # (id(param), state key, address): state too small to keep
-        self._budgets = {}      # device -> the chunk budget (_budget)
-        self._uses = _Uses()
-        self._step = optimizer.step
-        optimizer.step = self.step
-        register = getattr(optimizer, "register_state_dict_post_hook", None)  # torch >= 2.1
-        self._state_dict_hook = register(self._state_dict_post) if register is not None else None
-        _offloads.add(self)
-
-    def _state_of(self, p):
-        state = self.optimizer.state.get(p)
-        return state if isinstance(state, dict) else {}
-
-    def _use(self, p):
-        used = []
-        for key, t in self._state_of(p).items():
-            kept = self._kept.get((id(p), key))
-            if kept is not None and isinstance(t, torch.Tensor) and t.data_ptr() == kept.ptr:
-                self._uses.begin(kept.handle)  # this use ends a materialize() hold
-                _use(kept, AFTER_BACKWARD)
-                used.append(kept)
-        if used:
-            sim.synchronize()
-        return used
-
-    def _done(self, p, used):
-        state = self._state_of(p)
-        for key in list(state):
-            t = state[key]
-            if not isinstance(t, torch.Tensor):
-                continue
-            kept = self._kept.get((id(p), key))
-            if (kept is not None and t.data_ptr() == kept.ptr) or (id(p), key, t.data_ptr()) in self._untagged:
-                continue
-
-            def release():
-                state[key] = None  # the state's old storage goes while its bytes wait on the host
-
-            del t
-            moved, kept = _keep(lambda: state[key], frozen=False, release=release)  # new state, or replaced
-            state[key] = moved
-            if kept is None:
-                self._untagged.add((id(p), key, moved.data_ptr()))  # too small: not tried again
-                continue
-            self._kept[(id(p), key)] = kept
-        for kept in used:
-            self._uses.end(kept.handle)
-            _cold(kept)
-
-    def _budget(self, device):
-        """1/32 of the device's limit, read once per device (the limit is fixed at vramswap's
-        first allocation)."""
-        budget = self._budgets.get(device)
-        if budget is None:
-            from . import memory_stats
-            stats = memory_stats(device if device.type == "cuda" else None)
-            budget = self._budgets[device] = max(stats.get("device_limit_bytes", 0) // 32, 1)
-        return budget
-
-    def _chunks(self, params):
-        """Consecutive parameters stepped together: as many as keep the chunk's parameter
-        bytes within 1/32 of the device's limit (AdamW's state is twice that), at least
-        one. Each call of the original step() costs Python time: AdamW on torch 1.13 (CPU,
-        one thread, 100 parameters of 16 floats) took 44 us a parameter called one at a time
-        against 23 us in one call. On a card with room to spare a model's whole state fits
-        in one chunk."""
-        chunks, chunk, size = [], [], 0
-        for p in params:
-            if p.grad is None:
-                continue
-            budget = self._budget(p.device)
-            nbytes = p.numel() * p.element_size()
-            if chunk and size + nbytes > budget:
-                chunks.append(chunk)
-                chunk, size = [], 0
-            chunk.append(p)
-            size += nbytes
-        if chunk:
-            chunks.append(chunk)
-        return chunks
-
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        groups = self.optimizer.param_groups
-        params = [g["params"] for g in groups]
-        try:
-            for i, group_params in enumerate(params):
-                for chunk in self._chunks(group_params):
-                    used = {id(p): self._use(p) for p in chunk}
-                    for j, g in enumerate(groups):
-                        g["params"] = chunk if j == i else []
-                    self._step()
-                    for p in chunk:
-                        self._done(p, used[id(p)])
-        finally:
-            for g, ps in zip(groups, params):
-                g["params"] = ps
-        return loss
-
-    def _kept_state(self, p, state):
-        """(key, tensor, _Uses, _Kept) for each kept tensor of `state` (p's)."""
-        out = []
-        for key, t in state.items():
-            kept = self._kept.get((id(p), key))
-            if kept is not None and isinstance(t, torch.Tensor) and t.data_ptr() == kept.ptr:
-                out.append((key, t, self._uses, kept))
-        return out
-
-    def _state_dict_post(self, optimizer, state_dict):
-        """The kept state in the optimizer's state dict becomes host copies (Note [Reads outside
-        a use]), one parameter's state on the device at a time. The state dict's per-parameter
-        dicts are the optimizer's own: the ones with kept state are replaced, not changed."""
-        packed = state_dict.get("state")
-        if not isinstance(packed, dict):
-            return None
-        owner = {id(st): p for p, st in self.optimizer.state.items()}
-        new = {}
-        for index, st in packed.items():
-            p = owner.get(id(st))
-            entries = self._kept_state(p, st) if p is not None and isinstance(st, dict) else []
-            if entries:
-                made = _snapshot(entries, entries[0][1].device, f"optimizer.state_dict() at parameter {index}",
-                                 "optimizer.state_dict() brings back one parameter's state at a time, and "
-                                 "this parameter's alone does not fit.")
-                st = {key: made.get(key, t) for key, t in st.items()}
-            new[index] = st
-        return {**state_dict, "state": new}
-
-    def _blocks(self):
-        """Every kept block of the state, as (_Uses, _Kept), and the device of the first."""
-        blocks, device = [], None
-        for p, state in self.optimizer.state.items():
-            if isinstance(state, dict):
-                for _, t, uses, kept in self._kept_state(p, state):
-                    blocks.append((uses, kept))
-                    device = device or t.device
-        return blocks, device
-
-    def remove(self):
-        """Restores the optimizer's own step() and ends every keep (evicted state comes back
-        first, one tensor at a time). State that cannot come back (no room) stays kept, with
-        the wrapped step(), and remove() raises an out-of-memory naming it."""
-        _unkeep_all(self._kept, lambda kept: kept, self._uses, "OptimizerOffload.remove()")
-        if self.optimizer.step == self.step:
-            del self.optimizer.step
-        if self._state_dict_hook is not None:
-            self._state_dict_hook.remove()
-        _offloads.discard(self)
-
-
-def offload_optimizer(optimizer):
-    """Keeps the optimizer's state tensors (Note [Optimizer state]): cold between optimizer
-    steps (evicted when memory is short), used one parameter at a time inside step(), the
-    next parameters' state prefetched. The parameters after N steps are those of the
-    optimizer's own step, bit for bit. Returns an OptimizerOffload (remove() undoes it)."""
-    return OptimizerOffload(optimizer)
+_offloads = weakref.WeakSet()  # the live FrozenOffload and OptimizerOffload objects (materialize)
 
 
 class Materialized:
@@ -788,20 +361,16 @@ def materialize(obj):
     offload_optimizer keeps. They stay there until the returned Materialized's release() (or
     the end of `with vramswap.materialize(model):`), or until their next ordinary use. Call it
     before reading such tensors outside the forward or step that uses them (p.sum(),
-    p.cpu()); state_dict() needs no call. All or nothing: when the blocks cannot all be on the
-    device at once under the limit, raises vramswap.OutOfMemoryError naming materialize and
-    the bytes, with every block evictable again. Call it outside forward and step()."""
-    if isinstance(obj, torch.optim.Optimizer):
-        offloads = [o for o in list(_offloads) if isinstance(o, OptimizerOffload) and o.optimizer is obj]
-        found = [o._blocks() for o in offloads]
-    elif isinstance(obj, torch.nn.Module):
-        ids = {id(p) for p in obj.parameters()}
-        found = [o._blocks(ids) for o in list(_offloads) if isinstance(o, FrozenOffload)]
-    else:
+    p.cpu()); state_dict() and load_state_dict() need no call. All or nothing: when the
+    blocks cannot all be on the device at once under the limit, raises
+    vramswap.OutOfMemoryError naming materialize and the bytes, with every block evictable
+    again. Call it outside forward and step()."""
+    if not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
         raise TypeError(f"vramswap.materialize takes a torch.nn.Module or a torch.optim.Optimizer, "
                         f"not {type(obj).__name__}")
     blocks, seen, device = [], set(), None
-    for found_blocks, found_device in found:
+    for offload in list(_offloads):
+        found_blocks, found_device = offload._blocks_of(obj)  # ([], None) when obj is not its kind
         for uses, kept in found_blocks:
             if kept.handle not in seen:
                 seen.add(kept.handle)
@@ -814,3 +383,15 @@ def materialize(obj):
         for uses, kept in blocks:
             uses.hold(kept.handle)
     return Materialized(blocks)
+
+
+_MOVED = {"FrozenOffload": "kept_frozen", "offload_frozen": "kept_frozen",
+          "OptimizerOffload": "kept_optimizer", "offload_optimizer": "kept_optimizer"}
+
+
+def __getattr__(name):
+    """vramswap.kept.offload_frozen and the rest, from the modules that define them."""
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module("." + _MOVED[name], __package__), name)

@@ -31,7 +31,11 @@ import torch
 STEPS = 3
 
 
-def lora_model(checkpointed=False):
+def lora_model(checkpointed=False, rank=16, layers=6):
+    """-> (model, (tokens, targets)): the LoRA model of the docstring (a frozen 512x1024
+    embedding, `layers` frozen 1024x1024 layers each with a trainable rank-`rank` adapter, a
+    frozen 1024x512 head; `checkpointed`: layers 2 and 3 under torch.utils.checkpoint), the
+    same for given arguments. tests/python/test_kept_access.py builds its smaller one here."""
     nn = torch.nn
 
     class Adapted(nn.Module):
@@ -45,10 +49,10 @@ def lora_model(checkpointed=False):
             return self.base(x) + self.b(self.a(x))
 
     class LoRA(nn.Module):
-        def __init__(self, d=1024, r=16, layers=6, vocab=512):
+        def __init__(self, d=1024, r=rank, n=layers, vocab=512):
             super().__init__()
             self.embed = nn.Embedding(vocab, d)
-            self.layers = nn.ModuleList(Adapted(d, r) for _ in range(layers))
+            self.layers = nn.ModuleList(Adapted(d, r) for _ in range(n))
             self.head = nn.Linear(d, vocab)
 
         def forward(self, tokens, targets):
