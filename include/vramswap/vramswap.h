@@ -186,6 +186,9 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * disk_bytes_written (moved from pinned memory to it), disk_bytes_read (brought back),
  * disk_bytes_read_ahead (of those, read back ahead of use, while compute ran),
  * disk_bytes_written_ahead (of disk_bytes_written, written ahead of need, while compute ran),
+ * disk_bytes_bounced (of disk_bytes_written and disk_bytes_read, moved between the device
+ * and the disk in chunks through a small pinned bounce buffer: blocks the pinned tier could
+ * not hold),
  * kept_bytes (live kept blocks, vramswap_keep), frozen_bytes_d2h (bytes frozen kept blocks
  * copied out: each at most once), frozen_bytes_dropped (bytes of frozen kept blocks given up
  * with no copy, their host copy made earlier). These
@@ -202,7 +205,7 @@ const char* vramswap_last_error(void) VRAMSWAP_NOEXCEPT;
  * (the calls that did it, a map being a cuMemMap with its cuMemSetAccess: on a GPU each
  * costs the same whether it covers one 2 MiB granule or hundreds), all process-wide,
  * then "devices": an array with one object per device that has a pool ({"device": ordinal,
- * the same 43 keys, num_free_blocks, va_reserved_bytes}). Thread-safe; a reading taken
+ * the same 44 keys, num_free_blocks, va_reserved_bytes}). Thread-safe; a reading taken
  * during allocations on other threads is consistent per device, not across devices. */
 size_t vramswap_stats_json(char* buf, size_t cap) VRAMSWAP_NOEXCEPT;
 
@@ -294,8 +297,11 @@ int vramswap_mark_cold(uint64_t h, struct CUstream_st* stream) VRAMSWAP_NOEXCEPT
  * when the block cannot be brought back for want of device memory, even after evicting
  * every other cold block (an out-of-memory: counted in num_ooms, the last error the
  * report of what holds the memory; the block stays on the host and a later unpack can
- * try again); or -1 with the last error for a bad handle (as vramswap_mark_cold), or when
- * a stream is capturing a CUDA graph (nothing is copied during capture). Thread-safe. */
+ * try again); or -1 with the last error for a bad handle (as vramswap_mark_cold), when
+ * a stream is capturing a CUDA graph (nothing is copied during capture), or when a copy or
+ * the disk tier's read fails (the block stays where it was; a later unpack tries again).
+ * Pinned memory is never the reason: a block the pinned tier cannot hold comes back from
+ * the disk through a bounce buffer. Thread-safe. */
 int vramswap_unpack(uint64_t h, struct CUstream_st* stream) VRAMSWAP_NOEXCEPT;
 
 /* Drops one reference the handle holds (one vramswap_pack). When the last is dropped the

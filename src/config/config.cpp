@@ -100,7 +100,8 @@ constexpr KeySpec kKeys[] = {
     key<KeyType::kOptionalSize, &Config::host_limit>(
         "VRAMSWAP_HOST_LIMIT", kAtCreation, "", "2MiB..",
         "Pinned host memory that each device's eviction tier may hold; when it is full, eviction stops and "
-        "allocations past the limit fail, unless VRAMSWAP_DISK_DIR names a disk tier. Unset: half of the host's "
+        "allocations past the limit fail, unless VRAMSWAP_DISK_DIR names a disk tier (which also takes blocks "
+        "larger than this limit). Unset: half of the host's "
         "memory (or of the cgroup's limit)."),
     key<KeyType::kPath, &Config::disk_dir>(
         "VRAMSWAP_DISK_DIR", kAtCreation, "", "directory",

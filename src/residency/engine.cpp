@@ -85,6 +85,12 @@ void Engine::Impl::register_block(void* p, size_t size, uint64_t placed) {
   }
   free_slots_.pop_back();  // nothing below throws
   Slot& s = slots_[slot];
+  // A reused slot starts anew: only its generation carries over, so that the handles of the
+  // block before stay stale (a mark left by that block, such as pages kept for a read ahead,
+  // once made the new block's fetch skip mapping its pages).
+  const uint32_t generation = s.generation;
+  s = Slot{};
+  s.generation = generation;
   s.live = true;
   s.addr = addr;
   s.requested = size;
@@ -471,7 +477,8 @@ Status Engine::Impl::make_ordinary(uint32_t slot, const char* what) {
     Status r = start_fetch(slot, Fetch::kNeeded);
     if (!r.ok) {
       slots_[slot].frozen = frozen;
-      return {false, std::string(what) + ": " + r.message + "; the block stays where it was, its handle valid"};
+      return {false, std::string(what) + ": " + r.message + "; the block stays where it was, its handle valid",
+              r.out_of_memory};
     }
   }
   // A fetch still in flight: an unpacked block's stream already waits for it; a block that
@@ -561,12 +568,20 @@ pool::Result Engine::free_tagged(void* ptr, cudaStream_t stream) { return impl_-
 uint64_t Engine::pack(const void* ptr, cudaStream_t stream) { return impl_->pack(ptr, stream); }
 void Engine::graph_begin() { impl_->graph_begin(); }
 Status Engine::mark_cold(uint64_t h, cudaStream_t stream) { return impl_->mark_cold(h, stream); }
-Status Engine::unpack(uint64_t h, cudaStream_t stream) { return impl_->unpack(h, stream); }
-Status Engine::release(uint64_t h) { return impl_->release(h); }
+// An out-of-memory bringing a block back ends with the report of what holds the memory, as
+// an allocation's does (taken once the engine's lock is released: the report takes it).
+static Status with_report(Status r, const Engine& engine) {
+  if (!r.ok && r.out_of_memory) r.message += " " + engine.pressure_report();
+  return r;
+}
+Status Engine::unpack(uint64_t h, cudaStream_t stream) { return with_report(impl_->unpack(h, stream), *this); }
+Status Engine::release(uint64_t h) { return with_report(impl_->release(h), *this); }
 Status Engine::prefetch(uint64_t h) { return impl_->prefetch(h); }
 uint64_t Engine::keep(const void* ptr, bool frozen) { return impl_->keep(ptr, frozen); }
-Status Engine::use(uint64_t h, cudaStream_t stream, UseLane lane) { return impl_->use(h, stream, lane); }
-Status Engine::unkeep(uint64_t h) { return impl_->unkeep(h); }
+Status Engine::use(uint64_t h, cudaStream_t stream, UseLane lane) {
+  return with_report(impl_->use(h, stream, lane), *this);
+}
+Status Engine::unkeep(uint64_t h) { return with_report(impl_->unkeep(h), *this); }
 uint64_t Engine::reclaim(uint64_t bytes, ReclaimMode mode, cudaStream_t stream) {
   return impl_->reclaim(bytes, mode, stream);
 }

@@ -171,6 +171,8 @@ struct EngineStats {
   uint64_t disk_bytes_read_ahead = 0; // of those, read ahead of use (not waited for)
   uint64_t disk_bytes_written_ahead = 0;  // of disk_bytes_written, written ahead of need (not
                                           // waited for)
+  uint64_t disk_bytes_bounced = 0;    // of disk_bytes_written and disk_bytes_read, moved between
+                                      // the device and the disk through the bounce buffer
   uint64_t kept_bytes = 0;            // live kept blocks (Note [Kept blocks]), as placed
   uint64_t frozen_bytes_d2h = 0;      // bytes frozen kept blocks copied out, ever (each once)
   uint64_t frozen_bytes_dropped = 0;  // bytes of frozen kept blocks given up with no copy, ever

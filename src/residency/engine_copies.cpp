@@ -26,14 +26,16 @@ namespace vramswap::residency {
 bool Engine::Impl::start_eviction(uint32_t slot) {
   Slot& s = slots_[slot];
   if (s.requested > host_.limit_bytes()) {
+    if (disk_) return evict_through_bounce(slot);  // Note [Blocks larger than the pinned tier]
     host_refusal_ = "block " + format_hex(s.addr) + " (" + format_size(s.requested) +
                     ") is larger than the host tier's limit (VRAMSWAP_HOST_LIMIT, " + format_size(host_.limit_bytes()) +
-                    "): it can never be evicted";
+                    ") and there is no disk tier (VRAMSWAP_DISK_DIR): it can never be evicted";
     return false;
   }
   std::string error;
   void* host = host_allocate(s.requested, slot, &error);
   if (!host) {
+    if (disk_) return evict_through_bounce(slot);
     host_refusal_ = "no pinned host memory for block " + format_hex(s.addr) + " (" + format_size(s.requested) + "): " + error;
     return false;
   }
@@ -168,6 +170,20 @@ void* Engine::Impl::host_allocate(uint64_t bytes, uint32_t except, std::string* 
     error->clear();
     host = host_.allocate(bytes, error);
   }
+  if (host == nullptr && needed) {
+    // Needed now, and nothing left that can go to the disk: blocks copied out but still on
+    // the device (clean) give up their host copies, needed furthest away first. They are
+    // resident again, and copied out anew if they must leave.
+    order_.each_furthest_first([&](uint32_t slot) {
+      Slot& s = slots_[slot];
+      if (slot == except || !s.live || s.residency != Residency::kClean) return true;
+      forget_host_copy(s);
+      debug("host copy given up for a block needed now", s);
+      error->clear();
+      host = host_.allocate(bytes, error);
+      return host == nullptr;
+    });
+  }
   return host;
 }
 
@@ -189,7 +205,7 @@ bool Engine::Impl::spill(uint32_t slot, std::string* error) {
   return true;
 }
 
-Status Engine::Impl::unspill(uint32_t slot) {
+Status Engine::Impl::unspill(uint32_t slot, bool* no_room) {
   Slot& s = slots_[slot];
   if (s.reading) {
     finish_read(slot, true);
@@ -197,6 +213,7 @@ Status Engine::Impl::unspill(uint32_t slot) {
   }
   std::string error;
   void* host = host_allocate(s.requested, slot, &error, true);
+  *no_room = host == nullptr;
   if (host == nullptr)
     return {false, "cannot bring block " + format_hex(s.addr) + " (" + format_size(s.requested) +
                        ") back from the disk tier: no pinned memory to read it into: " + error +
@@ -210,6 +227,174 @@ Status Engine::Impl::unspill(uint32_t slot) {
   s.host = host;
   st_.disk_bytes_read += s.requested;
   debug("read back from the disk tier", s);
+  return {};
+}
+
+// Note [Blocks larger than the pinned tier]
+// -----------------------------------------
+// A block moves between the device and the disk through pinned memory. When the pinned tier
+// cannot hold the block (it is larger than VRAMSWAP_HOST_LIMIT, or what holds the tier cannot
+// move: host copies of frozen weights on the device, buffers of copies in flight), the block
+// goes through a bounce buffer instead: a pinned buffer of up to kBounceBytes taken from the
+// tier for the move and given back after it, chunk by chunk, waiting for each copy and each
+// disk job. Out: the copy to the bounce buffer, then its write; the block ends evicted and on
+// the disk, its pages given up as a clean block's are. In: the read, then the copy to the
+// block's pages, mapped first; the block ends resident. So the disk tier serves blocks of
+// any size, behind a pinned tier of any size, and a block needed from the disk never fails
+// for want of pinned memory: the bounce buffer is the least the tier can give (down to
+// kMinBounceBytes, making room as for any block needed now). The move waits, where the
+// pinned path overlaps its copies with compute: it is the path of last resort, counted in
+// disk_bytes_bounced.
+
+void* Engine::Impl::bounce_allocate(uint64_t bytes, uint32_t except, uint64_t* chunk, std::string* error) {
+  // Whole disk units, so that every chunk after the first starts page-aligned in the file.
+  const uint64_t whole = (bytes + kDiskUnit - 1) / kDiskUnit * kDiskUnit;
+  for (uint64_t size = std::min(kBounceBytes, whole); size >= kMinBounceBytes; size = size / 2 / kDiskUnit * kDiskUnit) {
+    if (void* p = host_.allocate(size, error)) {
+      *chunk = size;
+      return p;
+    }
+  }
+  error->clear();
+  const uint64_t least = std::min(kMinBounceBytes, whole);
+  void* p = host_allocate(least, except, error, true);
+  if (p) *chunk = least;
+  return p;
+}
+
+bool Engine::Impl::evict_through_bounce(uint32_t slot) {
+  const std::string what = "block " + format_hex(slots_[slot].addr) + " (" + format_size(slots_[slot].requested) + ")";
+  std::string error;
+  const std::optional<uint64_t> offset = disk_->reserve(slots_[slot].requested, &error);
+  if (!offset) {
+    host_refusal_ = what + " has no room in pinned memory and the disk tier cannot take it: " + error;
+    return false;
+  }
+  auto give_back_extent = [&] {
+    std::string ignored;
+    disk_->release(*offset, &ignored);
+  };
+  uint64_t chunk = 0;
+  void* bounce = bounce_allocate(slots_[slot].requested, slot, &chunk, &error);
+  if (!bounce) {
+    give_back_extent();
+    host_refusal_ = "no pinned memory for a bounce buffer to move " + what + " to the disk tier: " + error;
+    return false;
+  }
+  Slot& s = slots_[slot];
+  cuda::Event landed;
+  bool queued = false;
+  uint64_t sum = kChecksumStart;
+  std::string failed;
+  try {
+    landed = events_.acquire();
+    cuda::wait_event(d2h_.get(), s.cold_event);
+    for (uint64_t done = 0; done < s.requested && failed.empty(); done += chunk) {
+      const uint64_t n = std::min(chunk, s.requested - done);
+      cuda::copy_async(bounce, reinterpret_cast<void*>(s.addr + done), n, d2h_.get());
+      queued = true;
+      landed.record(d2h_.get());
+      landed.synchronize();
+      queued = false;
+      if (options_.verify) sum = checksum(bounce, n, sum);
+      failed = disk_->wait(disk_->write(*offset + done, bounce, n));
+    }
+  } catch (const cuda::CudaError&) {
+    // The block stays resident; a copy still queued reads its pages and writes the bounce
+    // buffer (Note [A queued copy cannot be taken back]).
+    if (landed) events_.release(std::move(landed));
+    give_back_extent();
+    if (queued) {
+      deferred_.push_back({bounce, cuda::Event(), d2h_.get()});
+      s.unordered_copy = d2h_.get();
+    } else {
+      host_.free(bounce);
+    }
+    throw;
+  }
+  events_.release(std::move(landed));
+  host_.free(bounce);
+  copy_ordered(s, d2h_.get());
+  if (!failed.empty()) {
+    give_back_extent();
+    host_refusal_ = "cannot move " + what + " to the disk tier: " + failed;
+    return false;
+  }
+  s.disk = *offset;
+  st_.disk_bytes += s.requested;
+  st_.disk_bytes_written += s.requested;
+  st_.disk_bytes_bounced += s.requested;
+  st_.bytes_evicted_total += s.requested;
+  ++st_.num_evictions;
+  if (s.frozen) st_.frozen_bytes_d2h += s.requested;
+  if (options_.verify) s.checksum = sum;
+  // Its data is on the disk: its pages go as a clean block's do.
+  s.residency = Residency::kClean;
+  s.cancel = false;
+  s.fresh_copy = true;
+  st_.clean_bytes += s.placed;
+  debug("copied out to the disk tier through the bounce buffer", s);
+  try {
+    drop(slot);
+  } catch (const cuda::CudaError&) {
+    Slot& d = slots_[slot];
+    if (d.residency == Residency::kClean) {  // nothing was unmapped: it stays resident
+      forget_disk_copy(d);
+      d.residency = Residency::kResident;
+      st_.clean_bytes -= d.placed;
+    }
+    throw;
+  }
+  return true;
+}
+
+Status Engine::Impl::fetch_through_bounce(uint32_t slot, void* bounce, uint64_t chunk) {
+  Slot& s = slots_[slot];
+  s.pages_kept = true;  // mapped for it: a failure below leaves them for the next try
+  const std::string what = "cannot bring block " + format_hex(s.addr) + " (" + format_size(s.requested) +
+                           ") back from the disk tier through the bounce buffer: ";
+  cuda::Event landed;
+  bool queued = false;
+  uint64_t sum = kChecksumStart;
+  std::string failed;
+  try {
+    landed = events_.acquire();
+    for (uint64_t done = 0; done < s.requested; done += chunk) {
+      const uint64_t n = std::min(chunk, s.requested - done);
+      failed = disk_->wait(disk_->read(s.disk + done, bounce, n));
+      if (!failed.empty()) break;
+      if (options_.verify) sum = checksum(bounce, n, sum);
+      cuda::copy_async(reinterpret_cast<void*>(s.addr + done), bounce, n, h2d_.get());
+      queued = true;
+      landed.record(h2d_.get());
+      landed.synchronize();
+      queued = false;
+    }
+  } catch (const cuda::CudaError& e) {
+    // A copy still queued reads the bounce buffer and writes the pages (Note [A queued copy
+    // cannot be taken back]); the block stays on the disk.
+    if (landed) events_.release(std::move(landed));
+    if (queued) {
+      deferred_.push_back({bounce, cuda::Event(), h2d_.get()});
+      s.unordered_copy = h2d_.get();
+    } else {
+      host_.free(bounce);
+    }
+    return {false, what + e.what() + "; it stays on the disk (a later unpack tries again)"};
+  }
+  events_.release(std::move(landed));
+  host_.free(bounce);
+  if (!failed.empty()) return {false, what + failed + "; it stays on the disk"};
+  copy_ordered(s, h2d_.get());
+  if (options_.verify) check_restored(s, sum);
+  forget_disk_copy(s);
+  s.pages_kept = false;
+  st_.disk_bytes_read += s.requested;
+  st_.disk_bytes_bounced += s.requested;
+  st_.evicted_bytes -= s.placed;
+  st_.bytes_prefetched_total += s.requested;
+  s.residency = Residency::kResident;
+  debug("read back from the disk tier through the bounce buffer, resident", s);
   return {};
 }
 
@@ -402,10 +587,6 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
   Slot& s = slots_[slot];
   if (s.writing) finish_write(slot, true, true);  // its host copy is what comes back
   if (s.on_disk() && s.reading && kind != Fetch::kNeeded) return {};  // on its way already
-  // Needed now: disk -> pinned memory first, waiting (Note [The disk tier]); then as any
-  // evicted block. Ahead of use: its pages first, then the read (below).
-  if (s.on_disk() && kind == Fetch::kNeeded)
-    if (Status r = unspill(slot); !r.ok) return r;
   // Making room below may evict other blocks, whose host buffers may send copies to the disk:
   // never this one's.
   s.fetch_pending = true;
@@ -413,18 +594,33 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
     Slot& s;
     ~Unpend() { s.fetch_pending = false; }
   } unpend{s};
-  // Ahead of use, a block on the disk reads into a pinned buffer of its own, from free pinned
-  // memory only (making room would send another block to the disk, to cross it twice for a
-  // read that can wait), taken before its pages are mapped (Note [Reading ahead from the
-  // disk]). Freed below unless the read takes it.
+  // A pinned buffer freed when this returns, unless a read or a copy takes it.
   struct Staging {
     HostTier& tier;
     void* host = nullptr;
     ~Staging() {
       if (host) tier.free(host);
     }
-  } staging{host_};
-  if (s.on_disk() && !s.reading) {
+  } staging{host_}, bounce{host_};
+  uint64_t chunk = 0;
+  // Needed now: disk -> pinned memory first, waiting (Note [The disk tier]); then as any
+  // evicted block. With no pinned memory for it, a bounce buffer, taken before its pages are
+  // mapped (Note [Blocks larger than the pinned tier]). Ahead of use: its pages first, then
+  // the read (below).
+  if (s.on_disk() && kind == Fetch::kNeeded) {
+    bool no_room = false;
+    if (Status r = unspill(slot, &no_room); !r.ok) {
+      if (!no_room) return r;
+      std::string error;
+      bounce.host = bounce_allocate(s.requested, slot, &chunk, &error);
+      if (!bounce.host) return {false, r.message + "; and no bounce buffer to read it through: " + error};
+    }
+  }
+  // Ahead of use, a block on the disk reads into a pinned buffer of its own, from free pinned
+  // memory only (making room would send another block to the disk, to cross it twice for a
+  // read that can wait), taken before its pages are mapped (Note [Reading ahead from the
+  // disk]).
+  if (s.on_disk() && !s.reading && !bounce.host) {
     std::string error;
     staging.host = host_.allocate(s.requested, &error);
     if (!staging.host)
@@ -471,6 +667,7 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
                 mapped.message,
             out_of_memory};
   }
+  if (bounce.host) return fetch_through_bounce(slot, std::exchange(bounce.host, nullptr), chunk);
   if (s.on_disk()) {
     // Ahead of use (Note [Reading ahead from the disk]): its pages are mapped for it; the read
     // starts now and its copy to the device when the read is found done.
@@ -625,15 +822,7 @@ void Engine::Impl::finish(uint32_t slot) {
       const uint64_t got = checksum(s.check, s.requested);
       host_.free(s.check);
       s.check = nullptr;
-      if (got != s.checksum) {
-        ++st_.num_verify_failures;
-        stats::log_always(stats::LogLevel::kError,
-                          ("VRAMSWAP_VERIFY: block " + format_hex(s.addr) + " (" + std::to_string(s.requested) +
-                           " bytes) on device " + std::to_string(device_) +
-                           " came back different from what was evicted (checksum " + format_hex(got) + ", expected " +
-                           format_hex(s.checksum) + ")")
-                              .c_str());
-      }
+      check_restored(s, got);
     }
     st_.evicted_bytes -= s.placed;
     // A frozen block's host copy stays valid (Note [Kept blocks] in engine.h), unless a copy
@@ -649,6 +838,17 @@ void Engine::Impl::finish(uint32_t slot) {
     }
   }
   events_.release(std::move(s.copy_event));
+}
+
+void Engine::Impl::check_restored(const Slot& s, uint64_t got) {
+  if (got == s.checksum) return;
+  ++st_.num_verify_failures;
+  stats::log_always(stats::LogLevel::kError,
+                    ("VRAMSWAP_VERIFY: block " + format_hex(s.addr) + " (" + std::to_string(s.requested) +
+                     " bytes) on device " + std::to_string(device_) +
+                     " came back different from what was evicted (checksum " + format_hex(got) + ", expected " +
+                     format_hex(s.checksum) + ")")
+                        .c_str());
 }
 
 void Engine::Impl::complete_copies(bool wait) {

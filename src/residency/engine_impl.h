@@ -129,8 +129,10 @@ constexpr uint64_t kSlotMask = (uint64_t{1} << 24) - 1;
 
 // FNV-1a over 64-bit words (and the tail bytes): cheap enough for a debug mode, and any
 // changed byte changes it with overwhelming probability.
-inline uint64_t checksum(const void* data, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
+// `h`: the checksum of the bytes before `data`, so that a block checksummed in chunks whose
+// sizes are multiples of 8 gets the same sum as whole.
+inline constexpr uint64_t kChecksumStart = 0xcbf29ce484222325ull;
+inline uint64_t checksum(const void* data, size_t n, uint64_t h = kChecksumStart) {
   const auto* p = static_cast<const unsigned char*>(data);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -308,14 +310,35 @@ class Engine::Impl : private policy::ReactiveEngine {
   void start_planned_copy(uint32_t slot, const char* when);
   // Pinned memory for `bytes`; when the host tier is full and there is a disk tier, evicted
   // blocks needed furthest away (never `except`) move on to the disk until it fits (Note
-  // [The disk tier] in disk_tier.h). nullptr with *error set when it cannot.
+  // [The disk tier] in disk_tier.h). `needed` (for a block needed now): copies in flight are
+  // waited for first, and clean blocks give up their host copies last. nullptr with *error
+  // set when it cannot.
   void* host_allocate(uint64_t bytes, uint32_t except, std::string* error, bool needed = false);
   // Moves an evicted block's host copy to the disk tier (written, then the host buffer
   // freed). False with *error set when the disk cannot take it (nothing changed).
   bool spill(uint32_t slot, std::string* error);
   // Brings a block on the disk tier back into pinned memory (an evicted block again),
-  // waiting: for its read ahead when one is under way, else for a read started now.
-  Status unspill(uint32_t slot);
+  // waiting: for its read ahead when one is under way, else for a read started now. When no
+  // pinned memory can be found for it, *no_room is set and the block stays on the disk (the
+  // caller brings it back through the bounce buffer: fetch_through_bounce).
+  Status unspill(uint32_t slot, bool* no_room);
+  // Note [Blocks larger than the pinned tier]: a pinned buffer for moving `bytes` between
+  // the device and the disk in chunks, as large as can be had up to kBounceBytes, making
+  // room as host_allocate does for a block needed now; its size in *chunk. nullptr with
+  // *error set when even kMinBounceBytes cannot be had.
+  void* bounce_allocate(uint64_t bytes, uint32_t except, uint64_t* chunk, std::string* error);
+  // Evicts a cold resident block straight to the disk through a bounce buffer, waiting, and
+  // gives up its pages: the block is evicted and on the disk. False (host_refusal_ says why)
+  // when the disk or pinned memory refuses; the block is then resident as before. Throws
+  // cuda::CudaError as start_eviction does.
+  bool evict_through_bounce(uint32_t slot);
+  // Reads a block on the disk, its pages mapped, straight into them through `bounce` (of
+  // `chunk` bytes, which it frees), waiting: the block is resident. On failure it stays on the
+  // disk with its pages mapped (Slot::pages_kept), and the status says why.
+  Status fetch_through_bounce(uint32_t slot, void* bounce, uint64_t chunk);
+  // VRAMSWAP_VERIFY: `got`, the checksum of block s as restored, against the one taken when it
+  // left; a difference is counted and logged.
+  void check_restored(const Slot& s, uint64_t got);
   // Starts reading a block on the disk tier back into `host`, a pinned buffer of its size,
   // without waiting (Note [Reading ahead from the disk]); the block owns the buffer from
   // then on.
@@ -468,6 +491,9 @@ class Engine::Impl : private policy::ReactiveEngine {
   };
   std::vector<TimedCopy> timed_copies_;
   static constexpr size_t kTimedCopies = 16;  // per step
+  // Note [Blocks larger than the pinned tier]: the bounce buffer's largest and smallest size.
+  static constexpr uint64_t kBounceBytes = uint64_t{8} << 20;
+  static constexpr uint64_t kMinBounceBytes = uint64_t{64} << 10;
   // Following a plan, every copy back is timed, and the stream that used its block is timed
   // just before waiting for it: which fetches landed late, and whether the copy stream idled
   // before they started (Note [Late fetches] in policy/step_recorder.h).

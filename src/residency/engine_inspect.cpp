@@ -63,6 +63,7 @@ std::string Engine::Impl::check_invariants() {
     expect(!s.on_disk() || (s.residency == Residency::kEvicted && disk_), block + " is on the disk but not evicted");
     if (s.on_disk()) sum.disk_bytes += s.requested;
     expect(!s.check || s.residency == Residency::kFetching, block + " holds a verify buffer with no fetch");
+    expect(!s.pages_kept || s.residency == Residency::kEvicted, block + " has pages kept for a fetch but is not evicted");
     // Note [A queued copy cannot be taken back]: only a failed eviction leaves a copy out
     // unordered (the block then resident, or fetching, as before it), only a failed fetch a
     // copy in (the block evicted); a copy of it that recorded its event since ordered it.

@@ -59,6 +59,7 @@ const Counter kCounters[] = {
     VRAMSWAP_ENGINE_COUNTER(disk_bytes_read),
     VRAMSWAP_ENGINE_COUNTER(disk_bytes_read_ahead),
     VRAMSWAP_ENGINE_COUNTER(disk_bytes_written_ahead),
+    VRAMSWAP_ENGINE_COUNTER(disk_bytes_bounced),
     VRAMSWAP_ENGINE_COUNTER(kept_bytes),
     VRAMSWAP_ENGINE_COUNTER(frozen_bytes_d2h),
     VRAMSWAP_ENGINE_COUNTER(frozen_bytes_dropped),

@@ -1358,6 +1358,10 @@ TEST_F(PluginOffload, AnUnpackWithNoMemoryLeftIsAnOutOfMemoryThatCanBeRetried) {
     EXPECT_NE(error.find("cannot bring block"), std::string::npos) << error;
     EXPECT_NE(error.find("out of memory on device 0"), std::string::npos) << error;
     EXPECT_NE(error.find("Limit 64 MiB"), std::string::npos) << error;
+    // What holds the memory, as an allocation's report says (the report ended at the pool's
+    // "raise VRAMSWAP_LIMIT." before).
+    EXPECT_NE(error.find("Offload: "), std::string::npos) << error;
+    EXPECT_NE(error.find(" on the host"), std::string::npos) << error;
     EXPECT_EQ(counter("num_ooms"), ooms + 1);
     refused = i;
     break;

@@ -89,6 +89,64 @@ TEST_F(DiskSpill, ChecksumsHoldThroughTheDisk) {
   EXPECT_EQ("", engine_->check_invariants());
 }
 
+// Note [Blocks larger than the pinned tier]: with pinned memory for half a block, every
+// eviction goes to the disk through a bounce buffer, chunk by chunk, and every block comes
+// back the same way. Before, a block larger than VRAMSWAP_HOST_LIMIT could never be evicted,
+// and saving 32 MiB on a 16 MiB card ran out of memory.
+TEST_F(DiskSpill, BlocksLargerThanThePinnedTierGoToTheDiskInChunks) {
+  start_with_disk(16 * kMiB, 2 * kMiB, 0, true);  // checksummed through the chunks too
+  Saved saved = save_cold(8, 110);
+  EXPECT_EQ("", engine_->check_invariants());
+  const EngineStats mid = stats();
+  EXPECT_GE(mid.disk_bytes, 4 * kBlock);
+  EXPECT_EQ(mid.disk_bytes, mid.disk_bytes_written);
+  EXPECT_LE(mid.peak_host_bytes, 2 * kMiB) << "more pinned memory than VRAMSWAP_HOST_LIMIT";
+  backward(saved, 110);
+  const EngineStats after = stats();
+  EXPECT_EQ(after.disk_bytes_written, after.disk_bytes_read) << "what went to the disk came back";
+  EXPECT_EQ(0u, after.disk_bytes);
+  EXPECT_EQ(0u, after.host_bytes) << "the bounce buffer went back";
+  EXPECT_EQ(after.disk_bytes_bounced, after.disk_bytes_written + after.disk_bytes_read);
+  EXPECT_EQ(0u, after.num_verify_failures);
+}
+
+// The pinned tier held by what cannot move to the disk (a frozen weight's host copy, read
+// by the weight's fetch): a saved block evicted for the weight goes to the disk through the
+// bounce buffer. Before, the eviction found no pinned memory and the weight's use ran out of
+// memory. Needed again, the saved block takes the pinned memory of the weight's host copy
+// (the weight is on the device: its copy is given up, and made again when it must leave).
+// An unpack in that state failed with "no pinned memory to read it into".
+TEST_F(DiskSpill, ABlockComesBackFromTheDiskWhenThePinnedTierCannotHoldIt) {
+  start_with_disk(8 * kMiB, 6 * kMiB, 0);  // a card of two blocks; pinned memory for one and a half
+  void* weight = tagged(1);
+  const uint64_t kept = engine_->keep(weight, true);
+  ASSERT_NE(0u, kept);
+  ASSERT_TRUE(engine_->mark_cold(kept, stream_).ok);
+  Saved saved = save_cold(2, 130);  // the weight leaves for the second block: 4 MiB pinned
+  ASSERT_EQ(kBlock, stats().evicted_bytes);
+  ASSERT_EQ(0u, stats().disk_bytes);
+  const auto used = engine_->use(kept, stream_, Engine::UseLane::kForward);
+  ASSERT_TRUE(used.ok) << used.message;
+  EXPECT_TRUE(holds(weight, 1));
+  ASSERT_TRUE(engine_->mark_cold(kept, stream_).ok);
+  EXPECT_EQ("", engine_->check_invariants());
+  const EngineStats mid = stats();
+  EXPECT_EQ(kBlock, mid.disk_bytes) << "a saved block went to the disk for the weight";
+  EXPECT_EQ(kBlock, mid.disk_bytes_bounced);
+  backward(saved, 130);
+  const EngineStats after = stats();
+  EXPECT_EQ(after.disk_bytes_written, after.disk_bytes_read);
+  EXPECT_EQ(0u, after.disk_bytes);
+  EXPECT_EQ(kBlock, after.disk_bytes_bounced) << "it came back through pinned memory";
+  const auto again = engine_->use(kept, stream_, Engine::UseLane::kForward);
+  ASSERT_TRUE(again.ok) << again.message;
+  EXPECT_TRUE(holds(weight, 1));
+  ASSERT_TRUE(engine_->mark_cold(kept, stream_).ok);
+  ASSERT_TRUE(engine_->unkeep(kept).ok);
+  ASSERT_TRUE(engine_->free_tagged(weight, stream_).ok);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
 TEST_F(DiskSpill, AFreedBlockOnDiskGivesItsSpaceBack) {
   start_with_disk(8 * kMiB, 4 * kMiB, 0);
   Saved saved = save_cold(4, 1);
@@ -165,6 +223,23 @@ TEST_F(DiskSpill, ABlockFreedOrUnpackedWhileItsReadAheadRunsWaitsForIt) {
   EXPECT_EQ(0u, stats().disk_bytes);
   EXPECT_EQ(0u, stats().host_bytes);
   EXPECT_EQ("", engine_->check_invariants());
+}
+
+// A block freed while its read ahead runs has its pages mapped for the read (Slot::pages_kept).
+// The next block in its slot kept that mark: resident with it (what check_invariants now
+// refuses), and, once evicted, fetched into pages it took to be mapped ("cudaMemcpyAsync
+// failed: invalid argument" in the stress test with the disk tier behind a 2 MiB pinned tier).
+TEST_F(DiskSpill, TheNextBlockInAFreedSlotStartsAnew) {
+  start_with_disk(8 * kMiB, 8 * kMiB, 0);
+  Saved saved = save_cold(6, 60);  // two on the device, two on the host, the first two on the disk
+  for (size_t i : {5, 4, 3}) backward_one(saved, i, 60);
+  ASSERT_TRUE(engine_->prefetch(saved.handles[0]).ok);  // its pages mapped, its read under way
+  ASSERT_TRUE(engine_->free_tagged(saved.blocks[0], stream_).ok);
+  Saved next = save_cold(3, 150);  // the first takes block 0's slot
+  EXPECT_EQ("", engine_->check_invariants());
+  backward(next, 150);
+  for (size_t i : {2, 1}) backward_one(saved, i, 60);
+  EXPECT_EQ(0u, stats().disk_bytes);
 }
 
 // A read ahead that finds no free pinned memory is refused before the block's pages are

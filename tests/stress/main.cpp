@@ -3,6 +3,7 @@
 //   vramswap_stress --seed S [--seeds N] [--threads T] [--ops K] [--verify]
 //                   [--faults SPEC|auto|all:pX] [--chaos] [--limit SIZE] [--keep-going] [--fork]
 //                   [--verbose] [--trace] [--invariants-every N] [--known-bug NAME]...
+//                   [--host-limit SIZE] [--disk]
 //
 // Each seed runs T threads of K random operations each (worker.h: what they do and what
 // counts as a failure) under VRAMSWAP_LIMIT (32MiB by default, so that cold blocks are
@@ -15,6 +16,9 @@
 // process (the library and its limit stay, and a seed is judged by what it left itself), or
 // with --fork each in a process of its own (a leak or a crash stays with its seed: what a
 // campaign wants). --chaos sets CUDASIM_CHAOS=S before cudasim loads.
+// --host-limit sets VRAMSWAP_HOST_LIMIT; --disk gives vramswap a disk tier in a directory
+// the run makes for itself and removes at its end (with a small --host-limit, evicted
+// blocks go on to the disk, and blocks larger than the pinned tier go there in chunks).
 // --known-bug NAME tolerates the failures of a product bug not fixed yet (known_bugs.h).
 // A failure prints the seed, the thread, the operation, the block and the command that
 // reproduces it; the exit status is 0 when every seed passed, 1 when one failed, 2 for a
@@ -23,6 +27,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -47,7 +52,8 @@ using stress::Options;
 constexpr const char* kUsage =
     "usage: vramswap_stress --seed S [--seeds N] [--threads T] [--ops K] [--verify] [--faults SPEC|auto|all:pX]\n"
     "                       [--chaos] [--limit SIZE] [--invariants-every N] [--keep-going] [--fork]\n"
-    "                       [--verbose] [--trace] [--known-bug NAME]... [--sim-dir DIR] [--library PATH]\n";
+    "                       [--verbose] [--trace] [--known-bug NAME]... [--host-limit SIZE] [--disk]\n"
+    "                       [--sim-dir DIR] [--library PATH]\n";
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "vramswap_stress: %s\n%s", why.c_str(), kUsage);
@@ -91,6 +97,8 @@ Parsed parse(int argc, char** argv) {
       if (stress::fault_spec(o.faults, 0, &error).empty() && !error.empty()) usage("--faults " + error);
     } else if (a == "--chaos") o.chaos = true;
     else if (a == "--limit") o.limit = value();
+    else if (a == "--host-limit") o.host_limit = value();
+    else if (a == "--disk") o.disk = true;
     else if (a == "--invariants-every") o.invariants_every = int(number("--invariants-every", value(), 0, 1000000));
     else if (a == "--known-bug") {
       const char* name = value();
@@ -118,6 +126,8 @@ Parsed parse(int argc, char** argv) {
 std::string reproduce(const Options& o, uint64_t seed, const std::string& spec, bool alone) {
   std::string c = "vramswap_stress --seed " + std::to_string(seed) + " --threads " + std::to_string(o.threads) +
                   " --ops " + std::to_string(o.ops) + " --limit " + o.limit;
+  if (!o.host_limit.empty()) c += " --host-limit " + o.host_limit;
+  if (o.disk) c += " --disk";
   if (o.verify) c += " --verify";
   if (!spec.empty()) c += " --faults '" + spec + "'";
   if (o.chaos && alone) c += " --chaos";
@@ -154,6 +164,16 @@ void expect_nothing_left(const std::string& what, long long before, long long af
   failures->add(m);
 }
 
+// --disk: the disk tier's directory, made by set_up and removed by remove_disk_dir (the
+// tier's file is unlinked from the start, so the directory is empty by then).
+std::string g_disk_dir;
+
+void remove_disk_dir() {
+  if (!g_disk_dir.empty() && rmdir(g_disk_dir.c_str()) != 0)
+    std::fprintf(stderr, "vramswap_stress: cannot remove %s: %s\n", g_disk_dir.c_str(), std::strerror(errno));
+  g_disk_dir.clear();
+}
+
 // Loads cudasim and libvramswap.so and configures vramswap; false (after saying why) on
 // a setup error.
 bool set_up(const Options& o, stress::Library* lib) {
@@ -171,11 +191,27 @@ bool set_up(const Options& o, stress::Library* lib) {
       // Refusals are expected here (out of memory, injected faults); the driver checks each.
       {"VRAMSWAP_LOG", log ? log : "off"},
   };
-  for (const auto& [key, value] : settings)
-    if (lib->configure(key, value.c_str()) != 0) {
-      std::fprintf(stderr, "vramswap_stress: vramswap_configure(%s, %s): %s\n", key, value.c_str(), lib->last_error());
+  std::vector<std::pair<const char*, std::string>> extra;
+  if (!o.host_limit.empty()) extra.emplace_back("VRAMSWAP_HOST_LIMIT", o.host_limit);
+  if (o.disk) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/vramswap-stress-disk-XXXXXX";
+    if (!mkdtemp(pattern.data())) {
+      std::fprintf(stderr, "vramswap_stress: cannot make a directory for the disk tier (%s): %s\n", pattern.c_str(),
+                   std::strerror(errno));
       return false;
     }
+    g_disk_dir = pattern;
+    extra.emplace_back("VRAMSWAP_DISK_DIR", g_disk_dir);
+  }
+  for (const auto& list : {std::vector<std::pair<const char*, std::string>>(std::begin(settings), std::end(settings)),
+                           extra})
+    for (const auto& [key, value] : list)
+      if (lib->configure(key, value.c_str()) != 0) {
+        std::fprintf(stderr, "vramswap_stress: vramswap_configure(%s, %s): %s\n", key, value.c_str(),
+                     lib->last_error());
+        return false;
+      }
   if (!lib->check_invariants)
     std::printf("vramswap_stress: this libvramswap.so has no vramswap_check_invariants; its checks are skipped\n");
   return true;
@@ -281,6 +317,7 @@ int run_forked(const Parsed& parsed) {
       stress::Library lib;
       if (!set_up(o, &lib)) _exit(2);
       const bool ok = run_one(lib, o, seed, true);
+      remove_disk_dir();
       std::fflush(stdout);
       std::fflush(stderr);
       _exit(ok ? 0 : 1);
@@ -325,6 +362,7 @@ int main(int argc, char** argv) {
     failed.push_back(seed);
     if (!parsed.keep_going) break;
   }
+  remove_disk_dir();
   if (o.seeds > 1) {
     std::printf("vramswap_stress: %zu of %llu seeds failed", failed.size(), (unsigned long long)ran);
     for (size_t i = 0; i < failed.size(); ++i) std::printf("%s%llu", i ? " " : ": ", (unsigned long long)failed[i]);

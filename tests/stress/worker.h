@@ -44,6 +44,8 @@ struct Options {
   std::string faults;          // a CUDASIM_FAIL rule list set after setup; "auto": one drawn per seed
   bool chaos = false;          // CUDASIM_CHAOS=<first seed>
   std::string limit = "32MiB"; // VRAMSWAP_LIMIT
+  std::string host_limit;      // VRAMSWAP_HOST_LIMIT; empty: the library's default
+  bool disk = false;           // a disk tier (VRAMSWAP_DISK_DIR) in a directory of the run's own
   int invariants_every = 16;   // vramswap_check_invariants every this many ops of a thread
   bool verbose = false;        // say why each call was refused
   bool trace = false;          // print every operation on every block
