@@ -26,17 +26,20 @@ namespace vramswap::residency {
 bool Engine::Impl::start_eviction(uint32_t slot) {
   Slot& s = slots_[slot];
   if (s.requested > host_.limit_bytes()) {
-    if (disk_) return evict_through_bounce(slot);  // Note [Blocks larger than the pinned tier]
-    host_refusal_ = "block " + format_hex(s.addr) + " (" + format_size(s.requested) +
-                    ") is larger than the host tier's limit (VRAMSWAP_HOST_LIMIT, " + format_size(host_.limit_bytes()) +
-                    ") and there is no disk tier (VRAMSWAP_DISK_DIR): it can never be evicted";
+    const std::string why = "block " + format_hex(s.addr) + " (" + format_size(s.requested) +
+                            ") is larger than the host tier's limit (VRAMSWAP_HOST_LIMIT, " +
+                            format_size(host_.limit_bytes()) + ")";
+    if (disk_) return evict_through_bounce(slot, why);  // Note [Blocks larger than the pinned tier]
+    host_refusal_ = why + " and there is no disk tier (VRAMSWAP_DISK_DIR): it can never be evicted";
     return false;
   }
   std::string error;
   void* host = host_allocate(s.requested, slot, &error);
   if (!host) {
-    if (disk_) return evict_through_bounce(slot);
-    host_refusal_ = "no pinned host memory for block " + format_hex(s.addr) + " (" + format_size(s.requested) + "): " + error;
+    const std::string why =
+        "no pinned host memory for block " + format_hex(s.addr) + " (" + format_size(s.requested) + "): " + error;
+    if (disk_) return evict_through_bounce(slot, why);
+    host_refusal_ = why;
     return false;
   }
   cuda::Event copied;
@@ -262,12 +265,11 @@ void* Engine::Impl::bounce_allocate(uint64_t bytes, uint32_t except, uint64_t* c
   return p;
 }
 
-bool Engine::Impl::evict_through_bounce(uint32_t slot) {
-  const std::string what = "block " + format_hex(slots_[slot].addr) + " (" + format_size(slots_[slot].requested) + ")";
+bool Engine::Impl::evict_through_bounce(uint32_t slot, const std::string& not_pinned) {
   std::string error;
   const std::optional<uint64_t> offset = disk_->reserve(slots_[slot].requested, &error);
   if (!offset) {
-    host_refusal_ = what + " has no room in pinned memory and the disk tier cannot take it: " + error;
+    host_refusal_ = not_pinned + "; nor can it go to the disk tier through a bounce buffer: " + error;
     return false;
   }
   auto give_back_extent = [&] {
@@ -278,7 +280,7 @@ bool Engine::Impl::evict_through_bounce(uint32_t slot) {
   void* bounce = bounce_allocate(slots_[slot].requested, slot, &chunk, &error);
   if (!bounce) {
     give_back_extent();
-    host_refusal_ = "no pinned memory for a bounce buffer to move " + what + " to the disk tier: " + error;
+    host_refusal_ = not_pinned + "; nor is there pinned memory for a bounce buffer to move it to the disk tier: " + error;
     return false;
   }
   Slot& s = slots_[slot];
@@ -317,7 +319,7 @@ bool Engine::Impl::evict_through_bounce(uint32_t slot) {
   copy_ordered(s, d2h_.get());
   if (!failed.empty()) {
     give_back_extent();
-    host_refusal_ = "cannot move " + what + " to the disk tier: " + failed;
+    host_refusal_ = not_pinned + "; nor could it move to the disk tier through a bounce buffer: " + failed;
     return false;
   }
   s.disk = *offset;

@@ -328,10 +328,11 @@ class Engine::Impl : private policy::ReactiveEngine {
   // *error set when even kMinBounceBytes cannot be had.
   void* bounce_allocate(uint64_t bytes, uint32_t except, uint64_t* chunk, std::string* error);
   // Evicts a cold resident block straight to the disk through a bounce buffer, waiting, and
-  // gives up its pages: the block is evicted and on the disk. False (host_refusal_ says why)
-  // when the disk or pinned memory refuses; the block is then resident as before. Throws
-  // cuda::CudaError as start_eviction does.
-  bool evict_through_bounce(uint32_t slot);
+  // gives up its pages: the block is evicted and on the disk. False when the disk or pinned
+  // memory refuses: host_refusal_ then says why, after `not_pinned` (why the pinned tier could
+  // not take it), and the block is resident as before. Throws cuda::CudaError as
+  // start_eviction does.
+  bool evict_through_bounce(uint32_t slot, const std::string& not_pinned);
   // Reads a block on the disk, its pages mapped, straight into them through `bounce` (of
   // `chunk` bytes, which it frees), waiting: the block is resident. On failure it stays on the
   // disk with its pages mapped (Slot::pages_kept), and the status says why.
