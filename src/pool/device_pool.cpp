@@ -224,15 +224,18 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
     if (!map_range(start, rounded, &why, &lacking)) return nullptr;
     return take(b, start, rounded, stream, offloadable, reserved_ != reserved_before);
   };
-  for (size_t step = 0; step <= std::size(kSteps); ++step) {
-    if (step > 0 && !relieve(kSteps[step - 1], lacking, stream, lock)) continue;
-    if (void* p = place(true)) return p;
-    if (step > 0 && kSteps[step - 1] == Relief::kDrainPending && waiting()) --step;  // the next oldest
+  for (int round = 0;; ++round) {
+    for (size_t step = 0; step <= std::size(kSteps); ++step) {
+      if (step > 0 && !relieve(kSteps[step - 1], lacking, stream, lock)) continue;
+      if (void* p = place(true)) return p;
+      if (step > 0 && kSteps[step - 1] == Relief::kDrainPending && waiting()) --step;  // the next oldest
+    }
+    // Placing for eviction is a preference, never a reason to fail: any hole on the mapped
+    // granules, closed ones included, before an out-of-memory.
+    if (grouping())
+      if (void* p = place(false)) return p;
+    if (!await_held_blocks(lock, round)) break;  // Note [Blocks another synchronization holds]
   }
-  // Placing for eviction is a preference, never a reason to fail: any hole on the mapped
-  // granules, closed ones included, before an out-of-memory.
-  if (grouping())
-    if (void* p = place(false)) return p;
   ++num_ooms_;
   trace_oom(size, stream);
   *error = oom_report(size, rounded, why);

@@ -322,20 +322,25 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait, cudaStream_t stream)
   const size_t steps = wait == MapWait::kSynchronize || wait == MapWait::kStream ? 3
                        : wait == MapWait::kPendingFrees                           ? 2
                                                                                   : 1;
-  for (size_t step = 0; step <= steps; ++step) {
-    if (step > 0 && !relieve(kSteps[step - 1], size, wait == MapWait::kStream ? stream : kAnyStream, lock)) continue;
-    uint64_t lacking = 0;
-    bool done = false;
-    {
-      CauseScope fetch(cause_, TraceEvent::Cause::kFetch);
-      done = map_range(addr, size, &why, &lacking);
+  for (int round = 0;; ++round) {
+    for (size_t step = 0; step <= steps; ++step) {
+      if (step > 0 && !relieve(kSteps[step - 1], size, wait == MapWait::kStream ? stream : kAnyStream, lock)) continue;
+      uint64_t lacking = 0;
+      bool done = false;
+      {
+        CauseScope fetch(cause_, TraceEvent::Cause::kFetch);
+        done = map_range(addr, size, &why, &lacking);
+      }
+      if (done) {
+        blocks_.at(addr).away = false;
+        --away_blocks_;
+        return {};
+      }
+      if (step > 0 && kSteps[step - 1] == Relief::kDrainPending && waiting()) --step;  // the next oldest
     }
-    if (done) {
-      blocks_.at(addr).away = false;
-      --away_blocks_;
-      return {};
-    }
-    if (step > 0 && kSteps[step - 1] == Relief::kDrainPending && waiting()) --step;  // the next oldest
+    // Note [Blocks another synchronization holds], where `wait` allows waiting at all. The
+    // block is the caller's (its engine's lock is held): still live and away after the wait.
+    if (steps < 3 || !await_held_blocks(lock, round)) break;
   }
   return {false, "map of " + format_pointer(ptr) + " (" + format_size(size) + "): refused by " + why + ": " +
                      oom_report(size, size, why),

@@ -430,6 +430,10 @@ class DevicePool::Impl {
   // synchronized: its blocks keep their tag. False when nothing was retired.
   bool synchronize_and_retire(std::unique_lock<std::mutex>& lock, cudaStream_t only,
                               cudaStream_t caller = kAnyStream);
+  // Note [Blocks another synchronization holds]: when other threads' synchronize_and_retire
+  // calls hold free blocks (and `round`, the caller's count of waits so far, is below the
+  // bound), waits until one of them ends and returns true: the caller tries again.
+  bool await_held_blocks(std::unique_lock<std::mutex>& lock, int round);
   // stream_destroyed()'s last step, `stream` synchronized and no other call naming it: every
   // block, free list, cache, pending free and promotion that names it names it no more (Note
   // [A destroyed stream is forgotten] in stream_order.cpp).
@@ -548,6 +552,10 @@ class DevicePool::Impl {
   // name, and its blocks must be back to be forgotten (Note [A destroyed stream is forgotten]).
   std::vector<cudaStream_t> syncing_;
   std::condition_variable synced_;
+  // Calls of synchronize_and_retire() in progress that hold free blocks out of the index, and
+  // how many such calls have ended: an allocation short of memory waits for those under way
+  // before it reports an out-of-memory (await_held_blocks).
+  uint64_t holding_syncs_ = 0, held_syncs_ended_ = 0;
 
   uint64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   uint64_t allocated_high_ = 0;  // the highest allocated_ since take_allocated_high()

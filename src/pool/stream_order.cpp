@@ -92,6 +92,7 @@ bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock
   std::vector<cudaStream_t> held = tags;
   if (only != kAnyStream && std::find(held.begin(), held.end(), only) == held.end()) held.push_back(only);
   syncing_.insert(syncing_.end(), held.begin(), held.end());
+  if (!retiring.empty()) ++holding_syncs_;
   lock.unlock();
   std::vector<cudaStream_t> done;  // the tags whose queued work has completed
   bool synchronized = false;
@@ -110,9 +111,29 @@ bool DevicePool::Impl::synchronize_and_retire(std::unique_lock<std::mutex>& lock
   for (auto& [addr, tag] : retiring)
     release_block(blocks_.find(addr), std::find(done.begin(), done.end(), tag) != done.end() ? kAnyStream : tag);
   for (cudaStream_t t : held) syncing_.erase(std::find(syncing_.begin(), syncing_.end(), t));
+  if (!retiring.empty()) {
+    --holding_syncs_;
+    ++held_syncs_ended_;
+  }
   if (!held.empty()) synced_.notify_all();
   if (!synchronized) return false;
   poll_pending();  // events recorded before the synchronization may have completed
+  return true;
+}
+
+// Note [Blocks another synchronization holds]
+// --------------------------------------------
+// synchronize_and_retire takes the free blocks of the streams it waits for out of the free
+// index and releases the lock while it waits: another thread's allocation then finds neither
+// those blocks nor any stream to synchronize for them, and had nothing left but an
+// out-of-memory with the memory "reserved but free". Before an out-of-memory, an allocation
+// (or map_block) waits for the synchronizations under way that hold blocks, then tries its
+// steps again; a few rounds at most, each after at least one of them ended.
+bool DevicePool::Impl::await_held_blocks(std::unique_lock<std::mutex>& lock, int round) {
+  constexpr int kRounds = 8;
+  if (holding_syncs_ == 0 || round >= kRounds) return false;
+  const uint64_t ended = held_syncs_ended_;
+  synced_.wait(lock, [&] { return held_syncs_ended_ > ended; });
   return true;
 }
 

@@ -469,6 +469,45 @@ TEST_F(StreamOrderStreamsReported, AFreeWaitingForAnotherStreamNeverNamesItsDest
   if (q != nullptr) deallocate(q, b_);
 }
 
+// Another thread's synchronization holds the free blocks of the streams it waits for out of the
+// free index until it ends (synchronize_and_retire: here empty_cache, waiting for A's queued
+// work). An allocation that needs them meanwhile waits for that synchronization to end
+// instead of reporting an out-of-memory with the memory "reserved but free". (Four threads
+// that destroyed their streams as they ended ran out of memory so at a 128 MiB limit with
+// ~100 MiB reserved but free, 6 runs of 20.)
+TEST_F(StreamOrderStreamsReported, AnAllocationWaitsForBlocksAnotherThreadsSynchronizationHolds) {
+  DevicePool limited(PoolOptions{0, 2 * g_, true});
+  std::string error;
+  void* p = limited.allocate(g_, a_, &error);
+  ASSERT_NE(nullptr, p) << error;
+  void* q = limited.allocate(g_, a_, &error);
+  ASSERT_NE(nullptr, q) << error;
+  StreamGate gate;
+  ASSERT_CUDA_OK(gate.hold(a_));
+  ASSERT_TRUE(gate.wait_entered());
+  ASSERT_TRUE(limited.deallocate(p, a_).ok);  // free for A at once; A's work is queued
+  ASSERT_TRUE(limited.deallocate(q, a_).ok);
+  std::thread emptying([&] { limited.empty_cache(); });  // waits for A, holding both blocks
+  auto held = [&] {
+    for (const DevicePool::BlockView& b : limited.memory_view().blocks)
+      if (b.state == DevicePool::BlockView::State::kPendingFree) return true;
+    return false;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + kHangTimeout;
+  while (!held() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  ASSERT_TRUE(held()) << "empty_cache never took the blocks out of the free index";
+
+  LetGoLater let_go(gate, kLetGoDelay);
+  void* r = limited.allocate(g_, b_, &error);
+  let_go.finish();
+  emptying.join();
+  EXPECT_NE(nullptr, r) << "failed while another thread's synchronization held the memory: " << error;
+  EXPECT_EQ(0u, limited.stats().num_ooms);
+  if (r != nullptr) {
+    EXPECT_TRUE(limited.deallocate(r, b_).ok);
+  }
+}
+
 // The same with the destroyed stream on the other side: a block allocated on S and named by
 // record_stream for B, freed on A, waits for events on S and B. Once S is destroyed, neither
 // the pending block nor the free block it becomes may name S.
