@@ -67,12 +67,7 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
     // still reads its pages and writes the host buffer (Note [A queued copy cannot be taken
     // back]): both go back only behind d2h_.
     if (copied) events_.release(std::move(copied));
-    if (queued) {
-      deferred_.push_back({host, cuda::Event(), d2h_.get()});
-      s.unordered_copy = d2h_.get();
-    } else {
-      host_.free(host);
-    }
+    give_back_after_failed_copy(s, host, queued ? d2h_.get() : nullptr);
     throw;
   }
   copy_ordered(s, d2h_.get());
@@ -306,12 +301,7 @@ bool Engine::Impl::evict_through_bounce(uint32_t slot, const std::string& not_pi
     // buffer (Note [A queued copy cannot be taken back]).
     if (landed) events_.release(std::move(landed));
     give_back_extent();
-    if (queued) {
-      deferred_.push_back({bounce, cuda::Event(), d2h_.get()});
-      s.unordered_copy = d2h_.get();
-    } else {
-      host_.free(bounce);
-    }
+    give_back_after_failed_copy(s, bounce, queued ? d2h_.get() : nullptr);
     throw;
   }
   events_.release(std::move(landed));
@@ -376,12 +366,7 @@ Status Engine::Impl::fetch_through_bounce(uint32_t slot, void* bounce, uint64_t 
     // A copy still queued reads the bounce buffer and writes the pages (Note [A queued copy
     // cannot be taken back]); the block stays on the disk.
     if (landed) events_.release(std::move(landed));
-    if (queued) {
-      deferred_.push_back({bounce, cuda::Event(), h2d_.get()});
-      s.unordered_copy = h2d_.get();
-    } else {
-      host_.free(bounce);
-    }
+    give_back_after_failed_copy(s, bounce, queued ? h2d_.get() : nullptr);
     return {false, what + e.what() + "; it stays on the disk (a later unpack tries again)"};
   }
   events_.release(std::move(landed));

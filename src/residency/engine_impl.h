@@ -406,6 +406,17 @@ class Engine::Impl : private policy::ReactiveEngine {
     else host_.free(s.host);
     s.host = nullptr;
   }
+  // A copy of block s between its pages and `host` (a buffer of the pinned tier) failed
+  // after it was queued on `stream` (null: nothing was queued): the buffer goes back behind
+  // that stream, and the block remembers it (Note [A queued copy cannot be taken back]).
+  void give_back_after_failed_copy(Slot& s, void* host, cudaStream_t stream) {
+    if (!stream) {
+      host_.free(host);
+      return;
+    }
+    deferred_.push_back({host, cuda::Event(), stream});
+    s.unordered_copy = stream;
+  }
   // A copy queued on `stream` for the block recorded its event: every copy queued there for it
   // before is ordered before that event too.
   void copy_ordered(Slot& s, cudaStream_t stream) {
