@@ -6,24 +6,17 @@ training.
 
 Usage: python3 train_accelerate.py OUT [--steps N]
 """
-import argparse
 import json
 
 import torch
 from accelerate import Accelerator
 
 import zoo
-from train_model import digest
+from train_model import digest, loop_start
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--steps", type=int, default=3)
-    a = ap.parse_args()
-    torch.manual_seed(0)
-    model, batch, _ = zoo.llama(torch)
-    rows = [{"input_ids": ids, "labels": ids} for s in range(a.steps) for ids in batch(s)["input_ids"]]
+    a, model, rows = loop_start()
     loader = torch.utils.data.DataLoader(rows, batch_size=zoo.BATCH, shuffle=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     accelerator = Accelerator(cpu=True)

@@ -6,14 +6,13 @@ step and a sha256 of the model's state_dict() after training.
 
 Usage: python3 train_lightning.py OUT [--steps N]
 """
-import argparse
 import json
 
 import lightning as L
 import torch
 
 import zoo
-from train_model import digest
+from train_model import digest, loop_start
 
 
 class LanguageModel(L.LightningModule):
@@ -32,13 +31,7 @@ class LanguageModel(L.LightningModule):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--steps", type=int, default=3)
-    a = ap.parse_args()
-    torch.manual_seed(0)
-    model, batch, _ = zoo.llama(torch)
-    rows = [{"input_ids": ids, "labels": ids} for s in range(a.steps) for ids in batch(s)["input_ids"]]
+    a, model, rows = loop_start()
     loader = torch.utils.data.DataLoader(rows, batch_size=zoo.BATCH, shuffle=True)
     module = LanguageModel(model)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=a.steps, logger=False, enable_checkpointing=False,

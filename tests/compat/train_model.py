@@ -50,6 +50,20 @@ def train(name, steps=3):
     return result
 
 
+def loop_start():
+    """What the three training loops (train_trainer.py, train_accelerate.py,
+    train_lightning.py) begin with: their arguments (OUT, --steps), the suite's Llama, seeded,
+    and its batches as the rows of a dataset; -> (args, model, rows)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, default=3)
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    model, batch, _ = zoo.llama(torch)
+    rows = [{"input_ids": ids, "labels": ids} for s in range(a.steps) for ids in batch(s)["input_ids"]]
+    return a, model, rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model", choices=list(zoo.MODELS))

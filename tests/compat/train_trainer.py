@@ -6,7 +6,6 @@ sha256 of the model's state_dict() after training.
 
 Usage: python3 train_trainer.py OUT [--steps N]
 """
-import argparse
 import json
 import tempfile
 
@@ -14,17 +13,11 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 import zoo
-from train_model import digest
+from train_model import digest, loop_start
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--steps", type=int, default=3)
-    a = ap.parse_args()
-    torch.manual_seed(0)
-    model, batch, _ = zoo.llama(torch)
-    rows = [{"input_ids": ids, "labels": ids} for s in range(a.steps) for ids in batch(s)["input_ids"]]
+    a, model, rows = loop_start()
     with tempfile.TemporaryDirectory() as tmp:
         args = TrainingArguments(output_dir=tmp, max_steps=a.steps, per_device_train_batch_size=zoo.BATCH,
                                  learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=[],
