@@ -36,6 +36,7 @@ features). The child writes what it reached to OUT/CASE.MODE.json as it goes.
 
 Usage: python3 tests/python/test_kept_access.py [CASE...]   (exit status 0: every check held)
 """
+import contextlib
 import hashlib
 import io
 import json
@@ -153,19 +154,18 @@ def child(mode, case, out, limit):
             reached("materialize_model", materialize_model_error="")
         except vramswap.OutOfMemoryError as e:
             reached("materialize_model", materialize_model_error=str(e))
-    if mode == "offload":
-        with vramswap.materialize(model.layers[1]):
-            layer1 = {n: digest(p) for n, p in model.layers[1].named_parameters()}
-    else:
-        layer1 = {n: digest(p) for n, p in model.layers[1].named_parameters()}
+    def materialized(obj, read):
+        """read() with obj's kept blocks held on the device (offload mode), or plainly."""
+        with vramswap.materialize(obj) if mode == "offload" else contextlib.nullcontext():
+            return read()
+
+    def state_digests():
+        return [digest(t) for st in opt.state.values() for t in st.values()]
+
+    layer1 = materialized(model.layers[1], lambda: {n: digest(p) for n, p in model.layers[1].named_parameters()})
     reached("materialize_layer", layer1=layer1)
     if case == "optimizer":
-        if mode == "offload":
-            with vramswap.materialize(opt):
-                states = [digest(t) for st in opt.state.values() for t in st.values()]
-        else:
-            states = [digest(t) for st in opt.state.values() for t in st.values()]
-        reached("materialize_optimizer", states=states)
+        reached("materialize_optimizer", states=materialized(opt, state_digests))
 
     losses.append(step())
     trained = {n: digest(p) for n, p in model.named_parameters() if p.requires_grad}
@@ -195,12 +195,7 @@ def child(mode, case, out, limit):
     reached("load_model", loaded_model=loaded, model_after_load=model_digests(),
             kept_bytes_after_load=stats.get("kept_bytes", 0))
     if case == "optimizer":
-        if mode == "offload":
-            with vramswap.materialize(opt):
-                states = [digest(t) for st in opt.state.values() for t in st.values()]
-        else:
-            states = [digest(t) for st in opt.state.values() for t in st.values()]
-        reached("read_loaded_optimizer", states_after_load=states)
+        reached("read_loaded_optimizer", states_after_load=materialized(opt, state_digests))
     loss = step()
     stats = vramswap.memory_stats() if vramswap is not None else {}
     reached("step_after_load", loss_after_load=loss, model_after_step=model_digests(),
