@@ -184,15 +184,14 @@ bool set_up(const Options& o, stress::Library* lib) {
   }
   // The engine's settings apply when the first pool is created: before any allocation.
   const char* log = std::getenv("VRAMSWAP_LOG");
-  const std::pair<const char*, std::string> settings[] = {
+  std::vector<std::pair<const char*, std::string>> settings = {
       {"VRAMSWAP_LIMIT", o.limit},
       {"VRAMSWAP_VERIFY", o.verify ? "1" : "0"},
       {"VRAMSWAP_MIN_OFFLOAD_BYTES", "64KiB"},
       // Refusals are expected here (out of memory, injected faults); the driver checks each.
       {"VRAMSWAP_LOG", log ? log : "off"},
   };
-  std::vector<std::pair<const char*, std::string>> extra;
-  if (!o.host_limit.empty()) extra.emplace_back("VRAMSWAP_HOST_LIMIT", o.host_limit);
+  if (!o.host_limit.empty()) settings.emplace_back("VRAMSWAP_HOST_LIMIT", o.host_limit);
   if (o.disk) {
     const char* tmp = std::getenv("TMPDIR");
     std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/vramswap-stress-disk-XXXXXX";
@@ -202,16 +201,13 @@ bool set_up(const Options& o, stress::Library* lib) {
       return false;
     }
     g_disk_dir = pattern;
-    extra.emplace_back("VRAMSWAP_DISK_DIR", g_disk_dir);
+    settings.emplace_back("VRAMSWAP_DISK_DIR", g_disk_dir);
   }
-  for (const auto& list : {std::vector<std::pair<const char*, std::string>>(std::begin(settings), std::end(settings)),
-                           extra})
-    for (const auto& [key, value] : list)
-      if (lib->configure(key, value.c_str()) != 0) {
-        std::fprintf(stderr, "vramswap_stress: vramswap_configure(%s, %s): %s\n", key, value.c_str(),
-                     lib->last_error());
-        return false;
-      }
+  for (const auto& [key, value] : settings)
+    if (lib->configure(key, value.c_str()) != 0) {
+      std::fprintf(stderr, "vramswap_stress: vramswap_configure(%s, %s): %s\n", key, value.c_str(), lib->last_error());
+      return false;
+    }
   if (!lib->check_invariants)
     std::printf("vramswap_stress: this libvramswap.so has no vramswap_check_invariants; its checks are skipped\n");
   return true;
