@@ -206,6 +206,7 @@ bool set_up(const Options& o, stress::Library* lib) {
   for (const auto& [key, value] : settings)
     if (lib->configure(key, value.c_str()) != 0) {
       std::fprintf(stderr, "vramswap_stress: vramswap_configure(%s, %s): %s\n", key, value.c_str(), lib->last_error());
+      remove_disk_dir();
       return false;
     }
   if (!lib->check_invariants)
