@@ -19,6 +19,11 @@ Engine::Impl::Impl(pool::DevicePool& pool, const EngineOptions& options)
       host_(HostTierOptions{options.host_limit_bytes, 0, pool.device()}),
       recorder_(options.plan, pool.stats().limit_bytes),
       timed_(pool.device(), true) {
+  try {
+    host_vmm_ = cuda::host_vmm_supported(device_);
+  } catch (const cuda::CudaError&) {
+    host_vmm_ = false;  // kept blocks go through the host tier as any block
+  }
   if (!options.disk_dir.empty()) {
     const uint64_t limit = options.disk_limit_bytes ? options.disk_limit_bytes : UINT64_MAX;
     DiskTierOptions disk{options.disk_dir, limit};
@@ -37,6 +42,14 @@ Engine::Impl::Impl(pool::DevicePool& pool, const EngineOptions& options)
       stats::log(stats::LogLevel::kWarn, "device %d: no disk tier: %s (eviction stops when the host tier is full)",
                  device_, disk_refusal_.c_str());
   }
+}
+
+Engine::Impl::~Impl() {
+  // The host tier waits for nothing, and kept blocks' host memory of the VMM API goes with
+  // their slots: the copies still queued on the copy streams must land first. A failure
+  // (a driver shutting down) leaves nothing to wait for.
+  cuda::synchronize_stream(d2h_.get());
+  cuda::synchronize_stream(h2d_.get());
 }
 
 void* Engine::Impl::allocate_tagged(size_t size, cudaStream_t stream, std::string* error) {
@@ -184,11 +197,23 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
   // Its granules are likely wanted soon by a prefetch on the copy stream: free it behind an
   // event, not behind the next device synchronization. The pool first: if it refuses, the
   // engine has changed nothing and the handle stays valid.
+  // Its host memory leaves its address before the pool can place anything there (Note [Kept
+  // blocks stay addressable] in engine_copies.cpp), once the work queued on the freeing
+  // stream, which may still read it there, is done.
+  if (s.backing && s.backing->at_block) {
+    if (!cuda::synchronize_stream(stream == pool::any_stream() ? nullptr : stream))
+      return {false, "freeing kept block " + format_hex(s.addr) + ": its stream could not be synchronized"};
+    if (std::string error; !unaddress_on_host(s, &error))
+      return {false, "freeing kept block " + format_hex(s.addr) + ": " + error};
+  }
   // A block placed with others (below half a granule) goes back as any block does (its stream's quick list, when
   // nothing waits): tagging changes no placement.
   pool::Result freed = s.placed < pool_.granularity() ? pool_.deallocate(ptr, stream)
                                                       : pool_.deallocate_to_any(ptr, stream);
-  if (!freed.ok) return freed;
+  if (!freed.ok) {
+    if (s.backing && s.residency == Residency::kEvicted && !s.pages_kept) address_on_host(s);
+    return freed;
+  }
   switch (s.residency) {
     case Residency::kResident:
       break;
@@ -204,13 +229,21 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
       break;
     case Residency::kEvicting:
     case Residency::kFetching:
-      deferred_.push_back({s.host, std::move(s.copy_event), s.unordered_copy});
-      if (s.check) deferred_.push_back({s.check, cuda::Event(), h2d_.get()});
+      // The host copy goes behind the copy's event: a buffer of the tier, or the block's host
+      // memory of the VMM API.
+      if (s.backing) {
+        s.host = nullptr;
+        deferred_.push_back({nullptr, std::move(s.copy_event), s.unordered_copy, std::move(s.backing)});
+      } else {
+        deferred_.push_back({s.host, std::move(s.copy_event), s.unordered_copy, nullptr});
+      }
+      if (s.check) deferred_.push_back({s.check, cuda::Event(), h2d_.get(), nullptr});
       std::erase(in_flight_, slot);
       st_.in_flight_bytes -= s.placed;
       if (s.residency == Residency::kFetching) st_.evicted_bytes -= s.placed;
       break;
   }
+  release_backing(s, s.unordered_copy);
   s.host = nullptr;
   s.check = nullptr;
   s.unordered_copy = nullptr;
@@ -492,6 +525,8 @@ Status Engine::Impl::make_ordinary(uint32_t slot, const char* what) {
                          " failed: " + e.what() + "; the block stays where it was, its handle valid"};
     }
   }
+  // No longer kept: its host memory goes (after the fetch in flight, when there is one).
+  if (slots_[slot].residency == Residency::kResident) release_backing(slots_[slot], slots_[slot].unordered_copy);
   untrack(slots_[slot], slot);
   end_step_if_done();
   return {};
@@ -534,6 +569,7 @@ Status Engine::Impl::unkeep(uint64_t handle) {
   s->later_packs.clear();
   st_.kept_bytes -= s->placed;
   if (s->residency == Residency::kClean && !s->cold) forget_host_copy(*s);
+  if (s->residency == Residency::kResident) release_backing(*s, s->unordered_copy);
   reorder(slot, true);
   return {};
 }

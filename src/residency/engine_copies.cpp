@@ -23,9 +23,121 @@ namespace vramswap::residency {
 // and the fault-injected stress test stopped with "illegal address ... during memcpy DtoH";
 // tests/residency/queued_copy_test.cpp.)
 
+// Note [Kept blocks stay addressable]
+// ------------------------------------
+// A kept block is one the program can reach outside the tracker's brackets: a frozen weight
+// read by torch.save or a parameter sum after training, optimizer state read by a checkpoint.
+// Given up as a saved tensor is, its address faulted on such a read (cudasim: "host access to
+// reserved device VA that is not mapped"; a GPU: an illegal memory access). So where the
+// driver has host memory of the VMM API (cuda::host_vmm_supported), a kept block that owns
+// its granules (owns_granules: placed for eviction from a granule boundary over whole
+// granules, so no other block can come onto them) gets at its first eviction a host
+// allocation H of exactly its granule span (HostBacking), mapped once at an address of its
+// own: its copies out and back go there, never through the host tier, so H never moves on
+// to the disk and lives until the block is freed or unkept. A drop gives the device pages
+// up (the pool's unmap_block) and maps H at the block's granules; a fetch unmaps H there
+// first, then maps device pages (map_block) and copies from H's own address; a free unmaps
+// H from the block before the pool may place anything there. A stray access while the block
+// is away is then an access over the link to the right bytes: slow, never wrong. A frozen
+// block's H stays valid, so its later drops cost two VMM calls and no copy; a write through
+// the block's address while it is away lands in H and comes back with the fetch. H counts
+// as host memory (host_bytes), and against VRAMSWAP_HOST_LIMIT when it is made.
+// A kept block that does not own its granules (below half a granule it shares them with
+// others; placed densely across granules its ends may be shared) cannot be remapped alone:
+// it never leaves the device there (stays_on_device; the policy sees it in use), so that no
+// kept block is ever an address that faults. Such blocks are a small share of a model's
+// weights (biases, norms). Where the driver has no host VMM (CUDASIM_HOST_VMM=0, or when
+// making H fails) a kept block is evicted as any block, through the host tier, and the
+// Python layer's state_dict and load_state_dict hooks and vramswap.materialize() are the
+// cover (README, Guarantees). Not covered: a block's granules that a refused cuMemUnmap
+// left mapped (the block is then evicted as any block), and peers' access to H.
+
+void* Engine::Impl::backing_host(uint32_t slot, std::string* why) {
+  Slot& s = slots_[slot];
+  if (s.backing) return s.backing->host();
+  if (!s.kept || !host_vmm_ || !owns_granules(s)) return nullptr;
+  const uint64_t used = host_.used_bytes() + backed_bytes_;
+  if (used + s.placed > host_.limit_bytes()) {
+    *why = "the host limit (VRAMSWAP_HOST_LIMIT, " + format_size(host_.limit_bytes()) + ") has " +
+           format_size(host_.limit_bytes() - std::min(host_.limit_bytes(), used)) + " left";
+    return nullptr;
+  }
+  try {
+    auto b = std::make_unique<HostBacking>();
+    b->pages = cuda::PhysicalPages::on_host(device_, s.placed);
+    if (b->pages.size() != s.placed) {
+      *why = "host memory comes in " + format_size(b->pages.size()) + " for a span of " + format_size(s.placed);
+      return nullptr;
+    }
+    b->va = cuda::VaReservation(s.placed, pool_.granularity());
+    b->own = cuda::Mapping(b->va.base(), b->pages);
+    backed_bytes_ += s.placed;
+    s.backing = std::move(b);
+  } catch (const cuda::CudaError& e) {
+    *why = e.what();
+    return nullptr;
+  }
+  update_peaks();
+  return s.backing->host();
+}
+
+void Engine::Impl::address_on_host(Slot& s) {
+  if (!s.backing || s.backing->at_block) return;
+  try {
+    s.backing->at_block = cuda::Mapping(s.addr, s.backing->pages);
+    debug("its host memory mapped at its address", s);
+  } catch (const cuda::CudaError& e) {
+    stats::log(stats::LogLevel::kWarn, "device %d: mapping kept block %s's host copy at its address failed: %s (it "
+               "is unaddressable until fetched)", device_, format_hex(s.addr).c_str(), e.what());
+  }
+}
+
+bool Engine::Impl::unaddress_on_host(Slot& s, std::string* error) {
+  if (!s.backing || !s.backing->at_block) return true;
+  try {
+    s.backing->at_block.unmap();
+  } catch (const cuda::CudaError& e) {
+    *error = "unmapping its host copy from its address failed: " + std::string(e.what());
+    return false;
+  }
+  return true;
+}
+
+void Engine::Impl::release_backing(Slot& s, cudaStream_t stream) {
+  if (!s.backing) return;
+  if (s.host == s.backing->host()) s.host = nullptr;
+  if (std::string error; !unaddress_on_host(s, &error))
+    stats::log(stats::LogLevel::kWarn, "device %d: kept block %s: %s", device_, format_hex(s.addr).c_str(),
+               error.c_str());
+  if (stream) {
+    deferred_.push_back({nullptr, cuda::Event(), stream, std::move(s.backing)});
+    return;
+  }
+  backed_bytes_ -= s.backing->pages.size();
+  s.backing.reset();
+}
+
+uint64_t Engine::Impl::host_checksum(const Slot& s) {
+  if (!s.backing) return checksum(s.host, s.requested);
+  // Host memory of the VMM API is the device's to reach: read it through a copy.
+  std::vector<unsigned char> bytes(s.requested);
+  cuda::copy_async(bytes.data(), s.host, s.requested, d2h_.get());
+  cuda::synchronize_stream(d2h_.get());
+  return checksum(bytes.data(), bytes.size());
+}
+
 bool Engine::Impl::start_eviction(uint32_t slot) {
   Slot& s = slots_[slot];
-  if (s.requested > host_.limit_bytes()) {
+  if (stays_on_device(s)) {
+    host_refusal_ = "kept block " + format_hex(s.addr) + " shares its granules: it stays on the device";
+    return false;
+  }
+  std::string no_backing;
+  void* backed = backing_host(slot, &no_backing);
+  if (!no_backing.empty())
+    stats::log(stats::LogLevel::kDebug, "device %d: kept block %s has no host memory of the VMM API (%s): its "
+               "host copy goes to the host tier", device_, format_hex(s.addr).c_str(), no_backing.c_str());
+  if (!backed && s.requested > host_.limit_bytes()) {
     const std::string why = "block " + format_hex(s.addr) + " (" + format_size(s.requested) +
                             ") is larger than the host tier's limit (VRAMSWAP_HOST_LIMIT, " +
                             format_size(host_.limit_bytes()) + ")";
@@ -34,7 +146,7 @@ bool Engine::Impl::start_eviction(uint32_t slot) {
     return false;
   }
   std::string error;
-  void* host = host_allocate(s.requested, slot, &error);
+  void* host = backed ? backed : host_allocate(s.requested, slot, &error);
   if (!host) {
     const std::string why =
         "no pinned host memory for block " + format_hex(s.addr) + " (" + format_size(s.requested) + "): " + error;
@@ -154,7 +266,7 @@ void* Engine::Impl::host_allocate(uint64_t bytes, uint32_t except, std::string* 
     order_.each_furthest_first([&](uint32_t slot) {
       const Slot& s = slots_[slot];
       if (slot == except || !s.live || s.residency != Residency::kEvicted || s.on_disk() || s.fetch_pending ||
-          s.writing)
+          s.writing || s.backing)
         return true;
       victim = slot;
       return false;
@@ -174,7 +286,7 @@ void* Engine::Impl::host_allocate(uint64_t bytes, uint32_t except, std::string* 
     // resident again, and copied out anew if they must leave.
     order_.each_furthest_first([&](uint32_t slot) {
       Slot& s = slots_[slot];
-      if (slot == except || !s.live || s.residency != Residency::kClean) return true;
+      if (slot == except || !s.live || s.residency != Residency::kClean || s.backing) return true;
       forget_host_copy(s);
       debug("host copy given up for a block needed now", s);
       error->clear();
@@ -519,7 +631,7 @@ void Engine::Impl::write_ahead() {
   order_.each_furthest_first([&](uint32_t slot) {
     if (planned >= to_write) return false;
     const Slot& s = slots_[slot];
-    if (!s.live || s.residency != Residency::kEvicted || s.on_disk() || s.writing || s.fetch_pending ||
+    if (!s.live || s.residency != Residency::kEvicted || s.on_disk() || s.writing || s.fetch_pending || s.backing ||
         in_window(slot))
       return true;
     victims.push_back(slot);
@@ -617,6 +729,18 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
   void* const addr = reinterpret_cast<void*>(s.addr);
   pool::Result mapped;
   if (s.pages_kept) kind = Fetch::kKept;
+  // Its host memory leaves its address before device pages come there (Note [Kept blocks
+  // stay addressable]); mapped there again if they cannot come.
+  if (std::string error; !unaddress_on_host(s, &error))
+    return {false, "cannot bring block " + format_hex(s.addr) + " back to the device: " + error};
+  struct Readdress {
+    Engine::Impl& engine;
+    Slot& s;
+    bool fetched = false;
+    ~Readdress() {
+      if (!fetched && !s.pages_kept) engine.address_on_host(s);
+    }
+  } readdress{*this, s};
   switch (kind) {
     case Fetch::kKept:  // a failed fetch left the pages mapped: nothing to map
       s.pages_kept = false;
@@ -684,7 +808,7 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
     const bool quiet = cuda::synchronize_stream(h2d_.get());
     if (check) {
       if (quiet) host_.free(check);
-      else deferred_.push_back({check, cuda::Event(), h2d_.get()});
+      else deferred_.push_back({check, cuda::Event(), h2d_.get(), nullptr});
     }
     // Unmapped again once no copy can touch the pages; else they stay, and the next fetch
     // uses them as they are. A copy still queued writes them and reads the host copy (Note [A
@@ -699,6 +823,7 @@ Status Engine::Impl::start_fetch(uint32_t slot, Fetch kind, cudaStream_t stream)
                                          "fetch started (ahead of the window)", "fetch started (hint)",
                                          "fetch started (planned)", "fetch started (pages kept)"};
   debug(kWhy[int(kind)], s);
+  readdress.fetched = true;
   copy_ordered(s, h2d_.get());
   s.copy_event = std::move(copied);
   s.check = check;
@@ -788,12 +913,11 @@ void Engine::Impl::finish(uint32_t slot) {
   s.planned = false;
   if (s.residency == Residency::kEvicting) {
     if (s.cancel) {  // wanted again before the copy ended: it never left
-      host_.free(s.host);
-      s.host = nullptr;
+      give_back_host(s);
       s.residency = Residency::kResident;
       debug("eviction cancelled (used again before its copy landed)", s);
     } else {  // clean: its pages go when memory is needed (drop)
-      if (options_.verify) s.checksum = checksum(s.host, s.requested);
+      if (options_.verify) s.checksum = host_checksum(s);
       if (planned) st_.planned_bytes_d2h += s.requested;
       if (s.frozen) st_.frozen_bytes_d2h += s.requested;
       s.fresh_copy = true;
@@ -822,6 +946,7 @@ void Engine::Impl::finish(uint32_t slot) {
       give_back_host(s);  // behind d2h_ when a copy out queued behind the fetch lost its event
       s.residency = Residency::kResident;
       debug("fetch landed, resident", s);
+      if (s.backing && !s.kept) release_backing(s, s.unordered_copy);  // unkept while it was away
     }
   }
   events_.release(std::move(s.copy_event));
@@ -868,7 +993,8 @@ void Engine::Impl::drop_deferred(bool wait) {
       ++i;
       continue;
     }
-    host_.free(d.host);
+    if (d.host) host_.free(d.host);
+    if (d.backing) backed_bytes_ -= d.backing->pages.size();
     if (d.event) events_.release(std::move(d.event));
     deferred_[i] = std::move(deferred_.back());
     deferred_.pop_back();

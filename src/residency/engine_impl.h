@@ -43,6 +43,7 @@
 #include "cuda/error.h"
 #include "cuda/event.h"
 #include "cuda/stream.h"
+#include "cuda/vmm.h"
 #include "policy/reactive.h"
 #include "policy/step_recorder.h"
 #include "policy/use_order.h"
@@ -56,6 +57,17 @@ namespace detail {
 using ReclaimMode = pool::DevicePool::ReclaimMode;
 
 using Residency = policy::BlockState;
+
+// Note [Kept blocks stay addressable] (engine_copies.cpp): a kept block's host copy in host
+// memory of the VMM API, mapped at an address of its own (where the copies go) and, while the
+// block is evicted, at the block's own granules too, so that a stray access reaches its bytes.
+struct HostBacking {
+  cuda::PhysicalPages pages;   // host-located, exactly the block's granule span
+  cuda::VaReservation va;      // the private address
+  cuda::Mapping own;           // pages at va: the block's host copy (Slot::host points here)
+  cuda::Mapping at_block;      // pages at the block's granules while its device pages are gone
+  void* host() const { return reinterpret_cast<void*>(va.base()); }
+};
 
 struct Slot {
   bool live = false;
@@ -111,6 +123,9 @@ struct Slot {
   bool fresh_copy = false;
   policy::UseKey next_use;
   cudaStream_t use_stream = nullptr;
+  // Its host copy when it has host memory of the VMM API (Note [Kept blocks stay
+  // addressable]); then `host`, when set, is backing->host(), which no host tier owns.
+  std::unique_ptr<HostBacking> backing;
 };
 
 // A host buffer that must outlive a copy still in flight (its block was freed, or queuing
@@ -118,9 +133,10 @@ struct Slot {
 // and `stream` has no work left (when there is one; or after synchronizing it, when the
 // caller waits for everything).
 struct Deferred {
-  void* host;
+  void* host;  // of the host tier, or null
   cuda::Event event;
   cudaStream_t stream = nullptr;
+  std::unique_ptr<HostBacking> backing;  // or a kept block's host memory (may be null)
 };
 
 constexpr int kDeviceShift = 56;
@@ -152,6 +168,8 @@ using namespace detail;  // this header is the engine's own: its files use these
 class Engine::Impl : private policy::ReactiveEngine {
  public:
   Impl(pool::DevicePool& pool, const EngineOptions& options);
+  // Waits for the copies in flight before the host memory they use goes.
+  ~Impl();
 
   void* allocate_tagged(size_t size, cudaStream_t stream, std::string* error);
   bool is_tagged(const void* ptr) const {
@@ -288,8 +306,8 @@ class Engine::Impl : private policy::ReactiveEngine {
   // policy::ReactiveEngine: the policy's view of a block, and what it asks the engine to do.
   policy::BlockView view(uint32_t slot) const override {
     const Slot& s = slots_[slot];
-    return {s.live, s.residency, s.cold, s.unpacked, s.cancel, recorder_.planned_out(s.step_block),
-            shares_granules(s), s.placed};
+    return {s.live, s.residency, s.cold && !stays_on_device(s), s.unpacked, s.cancel,
+            recorder_.planned_out(s.step_block), shares_granules(s), s.placed};
   }
   uint64_t unmapped_total() const override { return unmapped_total_; }
   uint64_t leaving_bytes() const override { return in_flight_bytes(Residency::kEvicting); }
@@ -401,11 +419,43 @@ class Engine::Impl : private policy::ReactiveEngine {
   }
   // Gives the block's host buffer back: at once, or behind the stream of a copy that may
   // still use it (Slot::unordered_copy).
+  // A kept block's host memory of the VMM API stays with it (Note [Kept blocks stay
+  // addressable]): only the pointer goes.
   void give_back_host(Slot& s) {
-    if (s.unordered_copy) deferred_.push_back({s.host, cuda::Event(), s.unordered_copy});
+    if (s.backing && s.host == s.backing->host()) {
+      s.host = nullptr;
+      return;
+    }
+    if (s.unordered_copy) deferred_.push_back({s.host, cuda::Event(), s.unordered_copy, nullptr});
     else host_.free(s.host);
     s.host = nullptr;
   }
+  // Note [Kept blocks stay addressable] (engine_copies.cpp).
+  // It owns its granules: it starts on a granule boundary and its placement covers whole
+  // granules, so that no other block can ever be placed on them while it lives.
+  bool owns_granules(const Slot& s) const {
+    const uint64_t g = pool_.granularity();
+    return s.addr % g == 0 && s.placed % g == 0 && s.placed > 0;
+  }
+  // Where the driver has host VMM, a kept block that does not own its granules is never a
+  // victim: given up, it would be an address that faults.
+  bool stays_on_device(const Slot& s) const { return s.kept && host_vmm_ && !owns_granules(s); }
+  // The block's host copy for an eviction: its host memory of the VMM API, made now when it
+  // has none (a kept block that owns its granules, where the driver has host VMM); nullptr
+  // when it has none and cannot have it (the host tier is used), with *why set when making it
+  // failed.
+  void* backing_host(uint32_t slot, std::string* why);
+  // Maps the block's host memory at its granules (its device pages are gone). A refusal is
+  // logged: the block is then evicted as any block, unaddressable until fetched.
+  void address_on_host(Slot& s);
+  // Unmaps it from the block's granules before device pages come back there; false with
+  // *error set (it stays mapped) when CUDA refuses.
+  bool unaddress_on_host(Slot& s, std::string* error);
+  // The block no longer needs host memory of its own (freed, unkept, or fetched after an
+  // unkeep): it goes, behind `stream` when a copy that may use it was queued there.
+  void release_backing(Slot& s, cudaStream_t stream = nullptr);
+  // VRAMSWAP_VERIFY: the checksum of the block's host copy.
+  uint64_t host_checksum(const Slot& s);
   // A copy of block s between its pages and `host` (a buffer of the pinned tier) failed
   // after it was queued on `stream` (null: nothing was queued): the buffer goes back behind
   // that stream, and the block remembers it (Note [A queued copy cannot be taken back]).
@@ -414,7 +464,7 @@ class Engine::Impl : private policy::ReactiveEngine {
       host_.free(host);
       return;
     }
-    deferred_.push_back({host, cuda::Event(), stream});
+    deferred_.push_back({host, cuda::Event(), stream, nullptr});
     s.unordered_copy = stream;
   }
   // A copy queued on `stream` for the block recorded its event: every copy queued there for it
@@ -425,6 +475,7 @@ class Engine::Impl : private policy::ReactiveEngine {
   // A clean block becomes plainly resident: its host copy is not needed any more.
   void forget_host_copy(Slot& s) {
     give_back_host(s);
+    if (s.backing && !s.kept) release_backing(s, s.unordered_copy);  // unkept since it left
     s.residency = Residency::kResident;
     st_.clean_bytes -= s.placed;
   }
@@ -483,6 +534,10 @@ class Engine::Impl : private policy::ReactiveEngine {
   // why it could not be opened.
   std::unique_ptr<DiskTier> disk_;
   std::string disk_refusal_;
+  // The driver can create host memory of the VMM API (cuda::host_vmm_supported): kept blocks
+  // stay addressable when evicted (Note [Kept blocks stay addressable]).
+  bool host_vmm_ = false;
+  uint64_t backed_bytes_ = 0;  // live kept blocks' host memory of the VMM API
   policy::UseOrder order_;
   uint64_t graph_ = 1, seq_ = 0;
   // A backward ran since the last graph_begin (or none began yet): a kForward use belongs to

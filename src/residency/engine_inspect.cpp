@@ -5,7 +5,7 @@
 namespace vramswap::residency {
 
 void Engine::Impl::update_peaks() {
-  st_.peak_host_bytes = std::max(st_.peak_host_bytes, host_.used_bytes());
+  st_.peak_host_bytes = std::max(st_.peak_host_bytes, host_.used_bytes() + backed_bytes_);
 }
 
 EngineStats Engine::Impl::stats() {
@@ -20,7 +20,7 @@ EngineStats Engine::Impl::stats() {
   const pool::PoolStats ps = pool_.stats();
   s.resident_bytes = ps.mapped_bytes;
   s.peak_resident_bytes = ps.peak_mapped_bytes;
-  s.host_bytes = host_.used_bytes();
+  s.host_bytes = host_.used_bytes() + backed_bytes_;  // kept blocks' host VMM memory too
   s.peak_host_bytes = std::max(s.peak_host_bytes, s.host_bytes);
   const policy::Window window = policy::window_of(order_, options_.horizon);
   for (uint32_t slot = 0; slot < slots_.size(); ++slot)
@@ -36,11 +36,13 @@ std::string Engine::Impl::check_invariants() {
   };
   EngineStats sum;
   size_t live = 0, copying = 0;
+  uint64_t backed = 0;
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     const Slot& s = slots_[slot];
     if (!s.live) {
       expect(!s.host && !s.check, "free slot " + std::to_string(slot) + " holds a host buffer");
       expect(!s.unordered_copy, "free slot " + std::to_string(slot) + " names a copy stream");
+      expect(!s.backing, "free slot " + std::to_string(slot) + " holds host VMM memory");
       continue;
     }
     ++live;
@@ -79,6 +81,18 @@ std::string Engine::Impl::check_invariants() {
       expect(std::count(in_flight_.begin(), in_flight_.end(), slot) == 1, block + " has a copy nobody watches");
       expect(bool(s.copy_event), block + " has a copy with no event");
     }
+    // Note [Kept blocks stay addressable]: host VMM memory is a kept block's that owns its
+    // granules (or one unkept while away), its host copy when it has one, mapped at its
+    // address only while its device pages are gone.
+    if (s.backing) {
+      backed += s.backing->pages.size();
+      expect(owns_granules(s) && (s.kept || s.residency != Residency::kResident),
+             block + " holds host VMM memory but is not a kept block that owns its granules");
+      expect(!s.host || s.host == s.backing->host(), block + " has host VMM memory but its host copy elsewhere");
+      expect(!s.backing->at_block || (s.residency == Residency::kEvicted && !s.pages_kept),
+             block + " has its host memory mapped at its address while device pages are there");
+      expect(!s.on_disk(), block + " has host VMM memory but is on the disk");
+    }
     if (s.packs > 0) ++sum.num_tracked_blocks;
     if (s.kept) sum.kept_bytes += s.placed;
     expect(s.kept || !s.frozen, block + " is frozen but not kept");
@@ -101,6 +115,10 @@ std::string Engine::Impl::check_invariants() {
   same(st_.num_tracked_blocks, sum.num_tracked_blocks, "num_tracked_blocks");
   same(st_.disk_bytes, sum.disk_bytes, "disk_bytes");
   same(st_.kept_bytes, sum.kept_bytes, "kept_bytes");
+  uint64_t deferred_backed = 0;
+  for (const Deferred& d : deferred_)
+    if (d.backing) deferred_backed += d.backing->pages.size();
+  same(backed_bytes_, backed + deferred_backed, "host VMM bytes");
   std::string text;
   for (const std::string& b : broken) text += (text.empty() ? "" : "; ") + b;
   return text;
@@ -108,7 +126,7 @@ std::string Engine::Impl::check_invariants() {
 
 void Engine::Impl::reset_peaks() {
   std::lock_guard lock(mu_);
-  st_.peak_host_bytes = host_.used_bytes();
+  st_.peak_host_bytes = host_.used_bytes() + backed_bytes_;
   st_.peak_tagged_waste_bytes = st_.tagged_waste_bytes;
 }
 

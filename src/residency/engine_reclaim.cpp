@@ -14,6 +14,9 @@ uint64_t Engine::Impl::drop(uint32_t slot) {
   if (!r.ok && !partly) throw cuda::CudaError("eviction of " + format_hex(s.addr) + ": " + r.message, CUDA_ERROR_UNKNOWN);
   // Unmapped, or partly: the host copy is whole, and a fetch maps what is missing.
   s.residency = Residency::kEvicted;
+  // Note [Kept blocks stay addressable]: its host memory where its pages were, when they all
+  // went (partly, some granules stay mapped and the block is evicted as any block).
+  if (r.ok && s.backing && freed == s.placed) address_on_host(s);
   if (s.frozen && !s.fresh_copy) st_.frozen_bytes_dropped += s.requested;  // no copy paid for this drop
   debug(r.ok ? "evicted (pages given up)" : "evicted (pages partly given up)", s);
   recorder_.refetch(s.step_block);  // a block the plan keeps: its fetch joins the plan's

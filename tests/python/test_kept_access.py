@@ -146,6 +146,15 @@ def child(mode, case, out, limit):
         s = vramswap.memory_stats()
         reached("saved", peak_after_saves=s["peak_reserved_bytes"], reserved_after_saves=s["reserved_bytes"])
 
+    # What a program reads directly, with no materialize: every parameter (and, in the
+    # optimizer case, every state tensor) read through its address, and p.sum() of each, the
+    # issue's own sequence (Note [Kept blocks stay addressable]: an evicted kept block's
+    # address reaches its host copy, and a kept block that shares its granules never leaves).
+    reached("direct_reads", direct={n: digest(p) for n, p in model.named_parameters()},
+            direct_sums=[p.detach().sum().item() for p in model.parameters()],
+            direct_states=[digest(t) for st in opt.state.values() for t in st.values()],
+            evicted_at_direct_reads=(vramswap.memory_stats()["evicted_bytes"] if mode == "offload" else 0))
+
     # What a program reads directly, after materialize (in every mode: the same digests).
     if mode == "offload" and case == "frozen":
         try:
@@ -282,6 +291,11 @@ def check_case(check, case, tmp):
               f"({n} {'tensors' if what == 'model' else 'parameters with state'})")
     check(0 < off.get("peak_after_saves", limit + 1) <= limit,
           f"{case}: peak reserved within the limit through the saves ({off.get('peak_after_saves')} <= {limit})")
+    check(off.get("direct") == ref.get("direct") and off.get("direct_sums") == ref.get("direct_sums")
+          and off.get("direct_states") == ref.get("direct_states") and ref.get("direct"),
+          f"{case}: every parameter{' and state tensor' if case == 'optimizer' else ''} read directly (no "
+          f"materialize) and p.sum() of each are plain torch's, with "
+          f"{off.get('evicted_at_direct_reads', 0) / MIB:.1f} MiB of kept blocks evicted then")
     if case == "frozen":
         message = off.get("materialize_model_error", "")
         kept = str(off.get("kept_weight_bytes", "?"))

@@ -4,6 +4,7 @@
 // block autograd saves comes back in backward and is cold again after its release.
 #include <vector>
 
+#include "cuda/vmm.h"
 #include "engine_test_util.h"
 
 namespace engine_test {
@@ -311,6 +312,97 @@ TEST_F(Kept, UnkeepBringsAnEvictedBlockBackAndEndsTheHandle) {
   ASSERT_TRUE(engine_->free_tagged(kept.first, stream_).ok);
   unpack_all(acts, 40);
   release_all(acts);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+// Note [Kept blocks stay addressable]: where the driver has host VMM (cudasim by default;
+// CTest's .host_vmm_off cases run without it) an evicted kept block's address reaches its
+// bytes in host memory. Before, reading a frozen weight after training (torch.save of a
+// model whose weights were streamed) was a read of unmapped device memory: cudasim stopped
+// with "illegal address" (a GPU: an illegal memory access).
+class KeptAddressable : public Kept {
+ protected:
+  void SetUp() override {
+    if (!vramswap::cuda::host_vmm_supported(0)) GTEST_SKIP() << "the driver has no host VMM";
+  }
+  // The block's bytes as the host sees them through its address (the CPU-emulation mode's
+  // torch reads a tensor so), checked against `seed`'s pattern.
+  static ::testing::AssertionResult reads(const void* p, uint8_t seed, size_t size = kBlock) {
+    const auto* bytes = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < size; ++i)
+      if (bytes[i] != uint8_t(seed + i * 7))
+        return ::testing::AssertionFailure() << "byte " << i << " is " << int(bytes[i]);
+    return ::testing::AssertionSuccess();
+  }
+};
+
+TEST_F(KeptAddressable, AnEvictedFrozenBlockIsReadThroughItsAddressWithoutComingBack) {
+  start_on_four_blocks(0);
+  auto weight = keep_cold(1, 7, true)[0];
+  Saved acts = save_cold(4, 40);  // the weight leaves
+  ASSERT_EQ(kBlock, stats().evicted_bytes);
+  EXPECT_TRUE(holds(weight.first, 7)) << "a copy on a stream, as a kernel reads it";
+  EXPECT_TRUE(reads(weight.first, 7)) << "the host through the address";
+  EXPECT_EQ(kBlock, stats().evicted_bytes) << "reading it brought nothing back";
+  EXPECT_EQ(4 * kBlock + kBlock, stats().tagged_bytes);
+  EXPECT_EQ(kBlock, stats().host_bytes) << "its host memory is counted as host memory";
+  EXPECT_EQ("", engine_->check_invariants());
+  unpack_all(acts, 40);  // the activations come back around it
+  release_all(acts);
+  const auto used = engine_->use(weight.second, stream_, Lane::kForward);
+  ASSERT_TRUE(used.ok) << used.message;
+  EXPECT_TRUE(holds(weight.first, 7));
+  ASSERT_TRUE(engine_->mark_cold(weight.second, stream_).ok);
+  ASSERT_TRUE(engine_->free_tagged(weight.first, stream_).ok);
+  EXPECT_EQ(0u, stats().host_bytes) << "its host memory went with it";
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+TEST_F(KeptAddressable, AWriteThroughTheAddressOfEvictedStateComesBackWithIt) {
+  start_on_four_blocks(0);
+  auto state = keep_cold(1, 30, false)[0];
+  Saved acts = save_cold(4, 40);
+  ASSERT_EQ(kBlock, stats().evicted_bytes);
+  fill(state.first, 31);  // load_state_dict into optimizer state that is away
+  EXPECT_TRUE(reads(state.first, 31));
+  unpack_all(acts, 40);
+  release_all(acts);
+  const auto used = engine_->use(state.second, stream_, Lane::kAfterBackward);
+  ASSERT_TRUE(used.ok) << used.message;
+  EXPECT_TRUE(holds(state.first, 31)) << "the fetch brought back what was written while it was away";
+  ASSERT_TRUE(engine_->mark_cold(state.second, stream_).ok);
+  EXPECT_EQ("", engine_->check_invariants());
+}
+
+TEST_F(KeptAddressable, AKeptBlockSharingItsGranulesStaysOnTheDevice) {
+  start_on_four_blocks(0);
+  constexpr size_t kSmall = 256 << 10;  // below half a granule: it shares one
+  auto bias = keep_cold(1, 9, true, kSmall)[0];
+  Saved acts = save_cold(3, 40);  // the card is full: every cold activation's turn first
+  Saved more = save_cold(1, 43);
+  EXPECT_TRUE(reads(bias.first, 9, kSmall)) << "never an address that faults";
+  EXPECT_EQ(0u, stats().frozen_bytes_d2h) << "it never left";
+  EXPECT_EQ("", engine_->check_invariants());
+  release_all(more);
+  release_all(acts);
+  ASSERT_TRUE(engine_->free_tagged(bias.first, stream_).ok);
+}
+
+TEST_F(KeptAddressable, AnEvictedKeptBlocksAddressTakesDevicePagesOnceItIsFreedOrUnkept) {
+  start_on_four_blocks(0);
+  auto kept = keep_cold(2, 5, true);
+  Saved acts = save_cold(4, 40);  // both weights leave
+  ASSERT_EQ(2 * kBlock, stats().evicted_bytes);
+  ASSERT_TRUE(engine_->free_tagged(kept[0].first, stream_).ok);
+  release_all(acts);
+  ASSERT_TRUE(engine_->unkeep(kept[1].second).ok);
+  EXPECT_TRUE(holds(kept[1].first, 6));
+  EXPECT_EQ(0u, stats().host_bytes) << "unkept and resident: no host memory of its own";
+  // The freed weight's granules serve new blocks with device pages.
+  Saved again = save_cold(3, 60);
+  unpack_all(again, 60);
+  release_all(again);
+  ASSERT_TRUE(engine_->free_tagged(kept[1].first, stream_).ok);
   EXPECT_EQ("", engine_->check_invariants());
 }
 
