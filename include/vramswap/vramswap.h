@@ -336,7 +336,13 @@ int vramswap_prefetch(uint64_t h) VRAMSWAP_NOEXCEPT;
  * vramswap_pack). The block is not cold until vramswap_mark_cold. `frozen` non-zero: its
  * contents never change from now on (the caller's promise: a frozen weight), so its host
  * copy, once made, stays valid: every eviction after the first drops its pages with no
- * copy. Never fails otherwise. Thread-safe. */
+ * copy. Never fails otherwise. Thread-safe.
+ * Outside its uses a kept block may be away. Where the driver has host VMM
+ * (CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) its address still
+ * reaches its bytes then (a host copy of its own, mapped there while it is away; a kept block
+ * below half a granule never leaves), once the device is synchronized: a fetch ahead of its
+ * use that is still in flight is not ordered before the read. Elsewhere an away kept block's
+ * address faults: use it first. */
 uint64_t vramswap_keep(const void* ptr, int frozen) VRAMSWAP_NOEXCEPT;
 
 /* Where a use falls in the predicted order: VRAMSWAP_USE_FORWARD while a forward runs (a

@@ -202,9 +202,10 @@ pool::Result Engine::Impl::free_tagged(void* ptr, cudaStream_t stream) {
   // stream, which may still read it there, is done.
   if (s.backing && s.backing->at_block) {
     if (!cuda::synchronize_stream(stream == pool::any_stream() ? nullptr : stream))
-      return {false, "freeing kept block " + format_hex(s.addr) + ": its stream could not be synchronized"};
+      return {false, "free of " + format_hex(s.addr) + ": synchronizing its stream failed (its host copy is mapped "
+                         "at its address until the work queued there is done); the block stays allocated"};
     if (std::string error; !unaddress_on_host(s, &error))
-      return {false, "freeing kept block " + format_hex(s.addr) + ": " + error};
+      return {false, "free of " + format_hex(s.addr) + ": " + error + "; the block stays allocated"};
   }
   // A block placed with others (below half a granule) goes back as any block does (its stream's quick list, when
   // nothing waits): tagging changes no placement.

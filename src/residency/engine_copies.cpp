@@ -914,6 +914,7 @@ void Engine::Impl::finish(uint32_t slot) {
   if (s.residency == Residency::kEvicting) {
     if (s.cancel) {  // wanted again before the copy ended: it never left
       give_back_host(s);
+      if (s.backing && !s.kept) release_backing(s, s.unordered_copy);  // unkept while it was leaving
       s.residency = Residency::kResident;
       debug("eviction cancelled (used again before its copy landed)", s);
     } else {  // clean: its pages go when memory is needed (drop)

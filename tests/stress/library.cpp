@@ -48,6 +48,9 @@ bool Library::load(const std::string& sim_dir, const std::string& vramswap_path,
   find(vramswap, unpack, "vramswap_unpack", &missing);
   find(vramswap, release, "vramswap_release", &missing);
   find(vramswap, prefetch, "vramswap_prefetch", &missing);
+  find(vramswap, keep, "vramswap_keep", &missing);
+  find(vramswap, use, "vramswap_use", &missing);
+  find(vramswap, unkeep, "vramswap_unkeep", &missing);
   check_invariants = reinterpret_cast<int (*)(void)>(dlsym(vramswap, "vramswap_check_invariants"));
   find(runtime, set_device, "cudaSetDevice", &missing);
   find(runtime, stream_create, "cudaStreamCreateWithFlags", &missing);
@@ -62,6 +65,7 @@ bool Library::load(const std::string& sim_dir, const std::string& vramswap_path,
   find(runtime, memcpy_async, "cudaMemcpyAsync", &missing);
   find(runtime, get_last_error, "cudaGetLastError", &missing);
   find(runtime, error_name, "cudaGetErrorName", &missing);
+  find(driver, device_get_attribute, "cuDeviceGetAttribute", &missing);
   find(driver, get_counters, "cudasim_get_counters", &missing);
   find(driver, fail_configure, "cudasim_fail_configure", &missing);
   find(driver, failures_injected, "cudasim_failures_injected", &missing);
@@ -70,6 +74,13 @@ bool Library::load(const std::string& sim_dir, const std::string& vramswap_path,
     return false;
   }
   return true;
+}
+
+bool Library::host_vmm() const {
+  int supported = 0;
+  return device_get_attribute(&supported, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0) ==
+             CUDA_SUCCESS &&
+         supported != 0;
 }
 
 std::string Library::stats() const {

@@ -9,6 +9,7 @@
 // Thread safety: load() once, before any thread starts; the table is read-only afterwards.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -35,6 +36,9 @@ struct Library {
   decltype(&vramswap_unpack) unpack = nullptr;
   decltype(&vramswap_release) release = nullptr;
   decltype(&vramswap_prefetch) prefetch = nullptr;
+  decltype(&vramswap_keep) keep = nullptr;
+  decltype(&vramswap_use) use = nullptr;
+  decltype(&vramswap_unkeep) unkeep = nullptr;
   int (*check_invariants)(void) = nullptr;  // optional: 0, or -1 with the last error
 
   // The CUDA runtime (cudasim's).
@@ -51,6 +55,12 @@ struct Library {
   decltype(&cudaMemcpyAsync) memcpy_async = nullptr;
   decltype(&cudaGetLastError) get_last_error = nullptr;
   decltype(&cudaGetErrorName) error_name = nullptr;
+
+  // The driver API (cudasim's), for what the device can do.
+  decltype(&cuDeviceGetAttribute) device_get_attribute = nullptr;
+  // Whether device 0's driver has host VMM: an evicted kept block's address then stays
+  // readable (false when it cannot be asked).
+  bool host_vmm() const;
 
   // cudasim.h.
   decltype(&cudasim_get_counters) get_counters = nullptr;

@@ -276,6 +276,7 @@ bool run_one(const stress::Library& lib, const Options& o, uint64_t seed, bool a
                std::to_string(sim_before.physical_bytes) + " bytes of device memory left by earlier seeds)";
   std::printf("seed %llu%s%s: %s in %.1f s: %llu ops, %llu reads (%.1f MiB checked), %llu packs, %llu cold, "
               "%llu unpacks, %llu releases, %llu frees, %llu out of memory, %llu refused, %llu stale probes, "
+              "%llu keeps, %llu uses, %llu unkeeps, %llu reads of cold kept blocks, "
               "%lld evictions, %lld prefetches, %lld faults, %llu failures injected\n",
               (unsigned long long)seed, spec.empty() ? "" : " faults ", spec.c_str(), verdict.c_str(), seconds,
               (unsigned long long)stats.ops.load(), (unsigned long long)stats.reads.load(),
@@ -283,7 +284,9 @@ bool run_one(const stress::Library& lib, const Options& o, uint64_t seed, bool a
               (unsigned long long)stats.colds.load(), (unsigned long long)stats.unpacks.load(),
               (unsigned long long)stats.releases.load(), (unsigned long long)stats.frees.load(),
               (unsigned long long)stats.ooms.load(), (unsigned long long)stats.refused.load(),
-              (unsigned long long)stats.stale_probes.load(), delta("num_evictions"), delta("num_prefetches"),
+              (unsigned long long)stats.stale_probes.load(), (unsigned long long)stats.keeps.load(),
+              (unsigned long long)stats.uses.load(), (unsigned long long)stats.unkeeps.load(),
+              (unsigned long long)stats.reads_while_kept.load(), delta("num_evictions"), delta("num_prefetches"),
               delta("num_faults"), (unsigned long long)(lib.failures_injected() - injected_before));
   for (const auto& k : seen) std::printf("known bug %s: %s\n", k.bug->name, k.first.c_str());
   std::fflush(stdout);

@@ -157,7 +157,8 @@ class LiveRanges {
   std::map<uintptr_t, std::pair<uintptr_t, std::string>> ranges_;
 };
 
-enum class State { kPlain, kPacked, kCold, kUnpacked };
+// kKept: kept and in use (after vramswap_keep or vramswap_use); kKeptCold: kept, between uses.
+enum class State { kPlain, kPacked, kCold, kUnpacked, kKept, kKeptCold };
 
 const char* state_name(State s) {
   switch (s) {
@@ -165,6 +166,8 @@ const char* state_name(State s) {
     case State::kPacked: return "packed";
     case State::kCold: return "cold";
     case State::kUnpacked: return "unpacked";
+    case State::kKept: return "kept, in use";
+    case State::kKeptCold: return "kept, cold";
   }
   return "?";
 }
@@ -185,6 +188,7 @@ struct Block {
   bool initialized = false;             // the whole block was written once: the shadow holds
   uint64_t handle = 0;
   int refs = 0;
+  bool frozen = false;                  // kept frozen: never written again
   State state = State::kPlain;
   std::vector<unsigned char> shadow;    // what every byte must hold (once initialized)
   std::vector<std::string> history;     // its last kHistory operations, for a failure report
@@ -244,7 +248,7 @@ class Worker {
     op_ = 0;
     for (size_t i = blocks_.size(); i-- > 0;) {
       Block& b = *blocks_[i];
-      if (b.state == State::kCold && !b.free_refused) continue;
+      if ((b.state == State::kCold || b.state == State::kKeptCold) && !b.free_refused) continue;
       ++op_;
       if (!b.free_refused) read(b, true, b.cur);
       while (!b.free_refused && b.refs > 0)
@@ -259,6 +263,20 @@ class Worker {
       Block& b = *blocks_[i];
       ++op_;
       if (b.free_refused) {
+        free(i);
+        continue;
+      }
+      if (b.state == State::kKeptCold) {
+        switch (rng_() % 3) {
+          case 0:  // a last use
+            if (use(b, b.cur)) read(b, true, b.cur);
+            break;
+          case 1:  // unkept: brought back before unkeep returns
+            if (unkeep(b)) read(b, true, b.cur);
+            break;
+          default:  // freed while cold
+            break;
+        }
         free(i);
         continue;
       }
@@ -443,7 +461,9 @@ class Worker {
     return c.empty() ? nullptr : c[rng_() % c.size()];
   }
 
-  static bool usable(const Block& b) { return b.state != State::kCold && !b.free_refused; }
+  static bool usable(const Block& b) {
+    return b.state != State::kCold && b.state != State::kKeptCold && !b.free_refused;
+  }
 
   bool op_alloc() {
     if (blocks_.size() >= std::max<size_t>(4, kMaxBlocksInAll / size_t(s_.options.threads))) return false;
@@ -518,7 +538,7 @@ class Worker {
   }
 
   bool op_write() {
-    Block* b = pick([](const Block& x) { return usable(x); });
+    Block* b = pick([](const Block& x) { return usable(x) && !x.frozen; });
     if (!b) return false;
     if (use_on(*b, stream_for(*b))) write(*b, b->cur);
     return true;
@@ -596,7 +616,7 @@ class Worker {
 
   bool op_mark_cold() {
     Block* b = pick([](const Block& x) {
-      return !x.free_refused && (x.state == State::kPacked || x.state == State::kUnpacked);
+      return !x.free_refused && (x.state == State::kPacked || x.state == State::kUnpacked || x.state == State::kKept);
     });
     if (!b) return false;
     if (!use_on(*b, stream_for(*b))) return true;
@@ -607,7 +627,7 @@ class Worker {
     }
     expect_no_error("vramswap_mark_cold", b);
     s_.stats->colds.fetch_add(1, std::memory_order_relaxed);
-    b->state = State::kCold;
+    b->state = b->state == State::kKept ? State::kKeptCold : State::kCold;
     b->note(format("op %d mark_cold on %s", op_, stream_name(b->cur)));
     return true;
   }
@@ -700,6 +720,97 @@ class Worker {
     s_.stats->frees.fetch_add(1, std::memory_order_relaxed);
     b.note(format("op %d free (%s) on %s", op_, state_name(b.state), stream_name(b.alloc_stream)));
     blocks_.erase(blocks_.begin() + long(i));
+  }
+
+  // ---- Kept blocks ---------------------------------------------------------------------
+
+  bool op_keep() {
+    Block* b = pick([](const Block& x) { return !x.free_refused && x.state == State::kPlain && x.refs == 0; });
+    if (!b) return false;
+    const bool frozen = rng_() % 2;
+    const uint64_t h = lib_.keep(b->ptr + rng_() % b->size, frozen);
+    if (h == 0) {
+      expect_no_error("vramswap_keep", b);
+      if (b->expect_tagged && !b->allocated_under_faults) fail(b, "vramswap_keep returned 0 for a block allocated in a scope");
+      return true;
+    }
+    s_.stats->keeps.fetch_add(1, std::memory_order_relaxed);
+    b->note(format("op %d keep%s -> 0x%llx", op_, frozen ? " (frozen)" : "", (unsigned long long)h));
+    if (!b->expect_tagged) fail(b, "vramswap_keep returned a handle for a block allocated outside any scope");
+    b->handle = h;
+    b->frozen = frozen;
+    b->state = State::kKept;  // in use until its mark_cold
+    return true;
+  }
+
+  // A use of a cold kept block on `st`: valid there after the call (vramswap orders `st`
+  // after the cold mark, as for an unpack).
+  bool use(Block& b, cudaStream_t st) {
+    name_stream(b, st);
+    const int lane = rng_() % 2 ? VRAMSWAP_USE_FORWARD : VRAMSWAP_USE_AFTER_BACKWARD;
+    if (lib_.use(b.handle, st, lane) != 0) {
+      refused("vramswap_use", &b, true);
+      b.note(format("op %d use on %s refused", op_, stream_name(st)));
+      return false;
+    }
+    expect_no_error("vramswap_use", &b);
+    s_.stats->uses.fetch_add(1, std::memory_order_relaxed);
+    b.state = State::kKept;
+    b.cur = st;
+    b.note(format("op %d use on %s", op_, stream_name(st)));
+    return true;
+  }
+
+  bool op_use() {
+    Block* b = pick([](const Block& x) { return !x.free_refused && x.state == State::kKeptCold; });
+    if (!b) return false;
+    if (use(*b, stream_for(*b)) && rng_() % 2) read(*b, rng_() % 2, b->cur);
+    return true;
+  }
+
+  // Kept no more: a plain block again, brought back first when it was away.
+  bool unkeep(Block& b) {
+    if (lib_.unkeep(b.handle) != 0) {
+      refused("vramswap_unkeep", &b, true);
+      b.note(format("op %d unkeep refused", op_));
+      return false;
+    }
+    expect_no_error("vramswap_unkeep", &b);
+    s_.stats->unkeeps.fetch_add(1, std::memory_order_relaxed);
+    b.note(format("op %d unkeep (%s)", op_, state_name(b.state)));
+    stale_.push_back(b.handle);
+    b.handle = 0;
+    b.frozen = false;
+    b.state = State::kPlain;
+    return true;
+  }
+
+  bool op_unkeep() {
+    Block* b = pick([](const Block& x) {
+      return !x.free_refused && (x.state == State::kKept || x.state == State::kKeptCold);
+    });
+    if (!b) return false;
+    const bool was_cold = b->state == State::kKeptCold;
+    if (unkeep(*b) && was_cold && rng_() % 2) read(*b, true, b->cur);
+    return true;
+  }
+
+  // A cold kept block read through its address, outside its uses (a checkpoint's read):
+  // only where nothing can give it up under the read (see worker.h).
+  bool op_read_kept_cold() {
+    if (s_.options.threads != 1 || s_.faults || !host_vmm_) return false;
+    Block* b = pick([](const Block& x) { return !x.free_refused && x.state == State::kKeptCold && x.initialized; });
+    if (!b) return false;
+    // A fetch ahead of its use may be in flight: the program's read is not ordered after it
+    // (vramswap.h: a read outside the uses waits for the device first).
+    if (lib_.device_synchronize() != cudaSuccess) {
+      cuda_failed("cudaDeviceSynchronize", b);
+      return true;
+    }
+    s_.stats->reads_while_kept.fetch_add(1, std::memory_order_relaxed);
+    b->note(format("op %d read while kept and cold", op_));
+    read(*b, rng_() % 2, stream_for(*b));
+    return true;
   }
 
   bool op_free() {
@@ -805,6 +916,8 @@ class Worker {
         {4, &Worker::op_scope, "scope"},          {2, &Worker::op_stream, "stream"},
         {3, &Worker::op_prefetch, "prefetch"},    {2, &Worker::op_stale, "stale handle"},
         {1, &Worker::op_empty_cache, "empty_cache"}, {1, &Worker::op_graph_begin, "graph_begin"},
+        {3, &Worker::op_keep, "keep"},            {6, &Worker::op_use, "use"},
+        {2, &Worker::op_unkeep, "unkeep"},        {3, &Worker::op_read_kept_cold, "read kept cold"},
     };
     static const int kTotal = [] {
       int t = 0;
@@ -832,6 +945,7 @@ class Worker {
   std::vector<cudaStream_t> owned_;
   std::vector<cudaEvent_t> events_;
   std::vector<uint64_t> stale_;
+  const bool host_vmm_ = lib_.host_vmm();
 };
 
 // The functions vramswap calls (src/cuda) whose failure it must survive, for

@@ -15,7 +15,15 @@
 //   * mark_cold is called on a stream ordered after the block's latest work; the unpack of a
 //     cold block, on any stream, relies on vramswap to order that stream after the cold mark
 //     (vramswap.h: the contents are valid for work queued on it after the call);
-//   * a stream is destroyed only when no live block of the thread names it.
+//   * a stream is destroyed only when no live block of the thread names it;
+//   * a kept block (vramswap_keep, only of a block neither packed nor kept) is read and, when
+//     not frozen, written only between vramswap_use and vramswap_mark_cold; between them
+//     it is cold, and with one thread and no faults injected it is also read then, through
+//     its address, after a device synchronization, as a checkpoint reads a weight (Note
+//     [Kept blocks stay addressable]: where the driver has host VMM an evicted kept block's
+//     address reaches its bytes; the synchronization lands a fetch ahead of use that may be
+//     in flight; with several threads another thread's allocation may give it up under the
+//     read).
 // Every byte read back is compared with the shadow; a difference, a call that fails
 // without a message, a stale handle that is accepted, a call that fails with no fault
 // injected (other than out of memory), or a leak at the end of the seed is a failure.
@@ -88,7 +96,8 @@ class Failures {
 // What one seed did, for its summary line.
 struct SeedStats {
   std::atomic<uint64_t> ops{0}, allocs{0}, ooms{0}, reads{0}, bytes_checked{0}, packs{0}, colds{0}, unpacks{0},
-      releases{0}, frees{0}, refused{0}, stale_probes{0}, invariant_checks{0};
+      releases{0}, frees{0}, refused{0}, stale_probes{0}, invariant_checks{0}, keeps{0}, uses{0}, unkeeps{0},
+      reads_while_kept{0};
 };
 
 // The rule list "--faults auto" draws for `seed`: a few of the functions vramswap calls,
