@@ -109,12 +109,23 @@ void Engine::Impl::release_backing(Slot& s, cudaStream_t stream) {
   if (std::string error; !unaddress_on_host(s, &error))
     stats::log(stats::LogLevel::kWarn, "device %d: kept block %s: %s", device_, format_hex(s.addr).c_str(),
                error.c_str());
-  if (stream) {
-    deferred_.push_back({nullptr, cuda::Event(), stream, std::move(s.backing)});
+  if (stream) deferred_.push_back({nullptr, cuda::Event(), stream, std::move(s.backing)});
+  else free_backing(std::move(s.backing));
+}
+
+void Engine::Impl::free_backing(std::unique_ptr<HostBacking> b) {
+  const uint64_t bytes = b->pages.size();
+  try {
+    b->at_block.unmap();
+    b->own.unmap();
+    b->pages.release();
+  } catch (const cuda::CudaError& e) {
+    stats::log(stats::LogLevel::kWarn, "device %d: giving back %s of host VMM memory failed: %s (tried again later)",
+               device_, format_size(bytes).c_str(), e.what());
+    unreleased_.push_back(std::move(b));
     return;
   }
-  backed_bytes_ -= s.backing->pages.size();
-  s.backing.reset();
+  backed_bytes_ -= bytes;
 }
 
 uint64_t Engine::Impl::host_checksum(const Slot& s) {
@@ -983,6 +994,11 @@ void Engine::Impl::complete_copies(bool wait) {
 }
 
 void Engine::Impl::drop_deferred(bool wait) {
+  if (!unreleased_.empty()) {
+    std::vector<std::unique_ptr<HostBacking>> again = std::move(unreleased_);
+    unreleased_.clear();
+    for (auto& b : again) free_backing(std::move(b));
+  }
   for (size_t i = 0; i < deferred_.size();) {
     Deferred& d = deferred_[i];
     // Without an event, a call that must not wait only asks whether the stream is idle: a
@@ -995,7 +1011,7 @@ void Engine::Impl::drop_deferred(bool wait) {
       continue;
     }
     if (d.host) host_.free(d.host);
-    if (d.backing) backed_bytes_ -= d.backing->pages.size();
+    if (d.backing) free_backing(std::move(d.backing));
     if (d.event) events_.release(std::move(d.event));
     deferred_[i] = std::move(deferred_.back());
     deferred_.pop_back();

@@ -454,6 +454,9 @@ class Engine::Impl : private policy::ReactiveEngine {
   // The block no longer needs host memory of its own (freed, unkept, or fetched after an
   // unkeep): it goes, behind `stream` when a copy that may use it was queued there.
   void release_backing(Slot& s, cudaStream_t stream = nullptr);
+  // Gives host VMM memory back: its mappings, then its pages. When CUDA refuses a step, what
+  // is left goes to unreleased_, tried again as copies complete (a refusal never leaks it).
+  void free_backing(std::unique_ptr<HostBacking> b);
   // VRAMSWAP_VERIFY: the checksum of the block's host copy.
   uint64_t host_checksum(const Slot& s);
   // A copy of block s between its pages and `host` (a buffer of the pinned tier) failed
@@ -537,7 +540,8 @@ class Engine::Impl : private policy::ReactiveEngine {
   // The driver can create host memory of the VMM API (cuda::host_vmm_supported): kept blocks
   // stay addressable when evicted (Note [Kept blocks stay addressable]).
   bool host_vmm_ = false;
-  uint64_t backed_bytes_ = 0;  // live kept blocks' host memory of the VMM API
+  uint64_t backed_bytes_ = 0;  // host memory of the VMM API not given back yet
+  std::vector<std::unique_ptr<HostBacking>> unreleased_;  // whose release CUDA refused
   policy::UseOrder order_;
   uint64_t graph_ = 1, seq_ = 0;
   // A backward ran since the last graph_begin (or none began yet): a kForward use belongs to

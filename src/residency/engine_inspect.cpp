@@ -118,6 +118,7 @@ std::string Engine::Impl::check_invariants() {
   uint64_t deferred_backed = 0;
   for (const Deferred& d : deferred_)
     if (d.backing) deferred_backed += d.backing->pages.size();
+  for (const auto& b : unreleased_) deferred_backed += b->pages.size();
   same(backed_bytes_, backed + deferred_backed, "host VMM bytes");
   std::string text;
   for (const std::string& b : broken) text += (text.empty() ? "" : "; ") + b;
