@@ -24,6 +24,15 @@ first:
 Loops (train_trainer.py, train_accelerate.py, train_lightning.py: the suite's Llama trained
 by transformers.Trainer, by an accelerate.Accelerator loop, by lightning.Trainer on the CPU
 with one device): plain (a process each), peak and 60, checked as above.
+Several processes (train_ddp.py: DistributedDataParallel; train_fsdp2.py: FSDP2's
+fully_shard on every decoder layer and the model; both on gloo, RANKS ranks, the suite's
+Llama, each rank on batches of its own): launched by torchrun (`python3 -m
+torch.distributed.run --standalone`), each rank under vramswap as a user runs it (`torchrun
+... -m vramswap run -- train_ddp.py OUT`), with VRAMSWAP_STATS_FILE=...-{rank}.stats (a file
+per rank): plain, peak and 60, checked as above on every rank's results and statistics. The
+limit is one for all ranks (torchrun gives them one environment): 60% of the smallest rank's
+peak. The ranks' stderr goes to files (torchrun --redirects), from which a failed run's
+error is read.
 
 Each finished run under vramswap is also checked for what other offloaders broke on: no
 free of memory the pool did not hand out (num_invalid_frees 0: tensors made before vramswap
@@ -41,8 +50,9 @@ OMP_NUM_THREADS=1 in every child: deterministic kernels, and a 2-core CI.
 
 --table README.md replaces the block between the compat-table markers in that file with the
 measured table (library and version, model, peak without vramswap, limit, peak with
-vramswap, evictions, identical, seconds) and the command and date that made it. The table
-is written whatever the checks found; the exit status says whether they all held.
+vramswap, evictions, identical, seconds; a distributed run's peaks and evictions rank by
+rank) and the command and date that made it. The table is written whatever the checks
+found; the exit status says whether they all held.
 
 Usage: python3 tests/compat/suite.py [CASE...] [--jobs N] [--table README.md] [--json FILE]
 Paths: VRAMSWAP_LIBRARY, VRAMSWAP_CUDASIM_DIR, VRAMSWAP_CACHE_DIR (as the Python tests).
@@ -50,6 +60,7 @@ Paths: VRAMSWAP_LIBRARY, VRAMSWAP_CUDASIM_DIR, VRAMSWAP_CACHE_DIR (as the Python
 import argparse
 import concurrent.futures
 import datetime
+import glob
 import json
 import os
 import platform
@@ -75,6 +86,7 @@ STRICT_PERCENT = 60        # must fit; below it an out-of-memory that reports it
 PEAK_TOLERANCE = 0.01
 BEGIN, END = "<!-- compat-table:begin -->", "<!-- compat-table:end -->"
 ENV = {"OMP_NUM_THREADS": "1"}
+RANKS = 2  # processes of a distributed case
 
 
 def _model(name, *extra_variants):
@@ -88,15 +100,24 @@ def _loop(library, what, script):
             "variants": [("", [], (STRICT_PERCENT,))]}
 
 
+def _distributed(what, script):
+    return dict(_loop("torch", what, script), ranks=RANKS)
+
+
 # case -> {library, model, script (under tests/compat, then its arguments), ref ("shared": its
 # plain results come from the one --child-ref process; "own": a plain process of its own), variants:
-# [(label, flags of `vramswap run`, percents)], each run against the case's one peak}.
+# [(label, flags of `vramswap run`, percents)], each run against the case's one peak; ranks: for a
+# distributed case, how many processes torchrun starts}.
 CASES = {name: _model(name) for name in zoo.MODELS}
 CASES["lora"] = _model("lora", ("--offload-frozen", ["--offload-frozen"], PERCENTS))
 CASES.update({
     "trainer": _loop("transformers", "Trainer (LlamaForCausalLM)", "train_trainer.py"),
     "accelerate": _loop("accelerate", "Accelerator loop (LlamaForCausalLM)", "train_accelerate.py"),
     "lightning": _loop("lightning", "lightning.Trainer, CPU, 1 device (LlamaForCausalLM)", "train_lightning.py"),
+    "ddp": _distributed(f"DistributedDataParallel, {RANKS} ranks, gloo, torchrun (LlamaForCausalLM)",
+                        "train_ddp.py"),
+    "fsdp2": _distributed(f"FSDP2 `fully_shard` per layer, {RANKS} ranks, gloo, torchrun (LlamaForCausalLM)",
+                          "train_fsdp2.py"),
 })
 DISTRIBUTIONS = ("torch", "transformers", "peft", "timm", "accelerate", "lightning")
 
@@ -142,20 +163,64 @@ def run_ref(tmp, names):
     return out
 
 
+def run_ranks(tmp, label, cmd, extra, stats=True):
+    """run_child for a torchrun launch (cmd: what follows torchrun's own options); its record
+    has "rank_stats" (each rank's VRAMSWAP_STATS_FILE, None for one not written) and, for a
+    failed run, the error of the first rank that names one (torchrun's own is only that a
+    rank failed)."""
+    logs = os.path.join(tmp, label + ".logs")
+    if stats:
+        extra = dict(extra, VRAMSWAP_STATS_FILE=os.path.join(tmp, label) + "-{rank}.stats")
+    rec = run_child(tmp, label, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                 f"--nproc-per-node={RANKS}", "--log-dir", logs, "--redirects", "2"] + cmd,
+                    extra, stats=False)
+    rec["rank_stats"] = []
+    for rank in range(RANKS):
+        try:
+            with open(os.path.join(tmp, f"{label}-{rank}.stats")) as f:
+                rec["rank_stats"].append(json.load(f))
+        except (OSError, ValueError):
+            rec["rank_stats"].append(None)
+    if rec["rc"] != 0:
+        errors = []
+        for rank in range(RANKS):
+            for path in glob.glob(os.path.join(logs, "*", "attempt_*", str(rank), "stderr.log")):
+                with open(path, errors="replace") as f:
+                    lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln).strip() for ln in f]
+                named = [ln for ln in lines if re.match(r"[\w.]*(Error|Exception)\b", ln)]
+                if named:
+                    errors.append(f"rank {rank}: {named[-1][:400]}")
+        # A rank whose peer failed first fails too, with gloo's "Connection closed by peer".
+        first = [e for e in errors if not re.search(r"closed by peer|reset by peer", e)]
+        if first or errors:
+            rec["error"] = (first or errors)[0]
+    return rec
+
+
 def run_case(tmp, name):
     """The case's runs, in order (its own plain run first for a loop); -> {"runs": {label:
-    record}, "peak", "seconds"}. A limited run's record has "limit", "percent" and "variant"."""
+    record}, "peak", "seconds"}. A limited run's record has "limit", "percent" and "variant".
+    A distributed case's runs are torchrun launches (run_ranks), its peak the smallest rank's."""
     case = CASES[name]
     py = sys.executable
     script = [str(HERE / case["script"][0])] + case["script"][1:] + ["{OUT}.json"]
     sim = dict(ENV, VRAMSWAP_TORCH_DEVICE="cpu-sim")
+    if case.get("ranks"):
+        def child(label, cmd, extra, stats=True):
+            return run_ranks(tmp, label, cmd[1:] if cmd[0] == py else ["-m"] + cmd[2:], extra, stats)
+    else:
+        def child(label, cmd, extra, stats=True):
+            return run_child(tmp, label, cmd, extra, stats)
     start = time.monotonic()
     runs = {}
     if case["ref"] == "own":
-        runs["plain"] = run_child(tmp, f"{name}-plain", [py] + script, ENV, stats=False)
-    runs["peak"] = run_child(tmp, f"{name}-peak", [py, "-m", "vramswap", "run", "--no-offload", "--", "python3"]
-                             + script, sim)
-    peak = (runs["peak"]["stats"] or {}).get("peak_reserved_bytes", 0)
+        runs["plain"] = child(f"{name}-plain", [py] + script, ENV, stats=False)
+    runs["peak"] = child(f"{name}-peak", [py, "-m", "vramswap", "run", "--no-offload", "--", "python3"] + script, sim)
+    if case.get("ranks"):
+        peaks = [s.get("peak_reserved_bytes", 0) if s else 0 for s in runs["peak"]["rank_stats"]]
+        peak = min(peaks)
+    else:
+        peak = (runs["peak"]["stats"] or {}).get("peak_reserved_bytes", 0)
     for variant, flags, percents in case["variants"]:
         for percent in percents:
             label = (variant + " " if variant else "") + ("none" if percent is None else str(percent))
@@ -163,8 +228,8 @@ def run_case(tmp, name):
             if percent is not None and not limit:
                 continue  # no peak: the checks say so
             extra = dict(sim, VRAMSWAP_LIMIT=str(limit)) if limit else sim
-            rec = run_child(tmp, f"{name}-{label.replace(' ', '')}", [py, "-m", "vramswap", "run"] + flags
-                            + ["--", "python3"] + script, extra)
+            rec = child(f"{name}-{label.replace(' ', '')}", [py, "-m", "vramswap", "run"] + flags
+                        + ["--", "python3"] + script, extra)
             rec.update(limit=limit, percent=percent, variant=variant, flags=flags)
             runs[label] = rec
     return {"runs": runs, "peak": peak, "seconds": time.monotonic() - start}
@@ -176,13 +241,21 @@ def same(a, b):
     return a is not None and b is not None and a == b
 
 
+def stats_of(rec):
+    """A run's statistics, [(who, stats or None)]: ("", the process's) or, for a distributed
+    run, (", rank R", each rank's)."""
+    if "rank_stats" in rec:
+        return [(f", rank {r}", st) for r, st in enumerate(rec["rank_stats"])]
+    return [("", rec["stats"])]
+
+
 def out_of_memory(rec):
     """Whether a failed run ended in vramswap's own out-of-memory report (raised by the
     allocator: torch.OutOfMemoryError; by the tracker's unpack hook in backward: a
     RuntimeError whose message starts with OutOfMemoryError), with no results written."""
     err = rec["error"] or ""
     return (rec["rc"] != 0 and rec["result"] is None and "OutOfMemoryError: vramswap: " in err
-            and "within the limit" in err and bool(rec["stats"]) and rec["stats"].get("num_ooms", 0) > 0)
+            and "within the limit" in err and any(st and st.get("num_ooms", 0) > 0 for _, st in stats_of(rec)))
 
 
 def oom_reason(err):
@@ -212,17 +285,22 @@ def check_case(check, name, done, plain):
     check(runs["peak"]["rc"] == 0 and same(ref, runs["peak"]["result"]),
           f"{name}: vramswap run --no-offload: results identical to plain torch's"
           + ("" if runs["peak"]["rc"] == 0 else f" (exited {runs['peak']['rc']}: {runs['peak']['error']})"))
+    if case.get("ranks") and ref is not None:
+        params = {r["param_sha256"] for r in ref["ranks"]}
+        check(len(ref["ranks"]) == case["ranks"] and len(params) == 1,
+              f"{name}: the plain run's {len(ref['ranks'])} ranks end with the same parameters")
+    peaks = [(st or {}).get("peak_reserved_bytes", 0) for _, st in stats_of(runs["peak"])]
     for label, rec in runs.items():
         if not is_limited(label):
             continue
-        s = rec["stats"] or {}
         how = "vramswap run" + "".join(" " + f for f in rec["flags"])
         where = "no limit" if rec["limit"] == 0 else f"{rec['limit'] // MIB} MiB ({rec['percent']}%)"
         title = f"{name}, {how} at {where}"
-        if s:
-            print(f"     {label}: " + ", ".join(f"{k}={s.get(k)}" for k in (
-                "peak_reserved_bytes", "num_evictions", "num_prefetches", "num_faults", "num_ooms",
-                "num_planned_steps", "frozen_bytes_d2h", "num_invalid_frees")))
+        for who, s in stats_of(rec):
+            if s:
+                print(f"     {label}{who}: " + ", ".join(f"{k}={s.get(k)}" for k in (
+                    "peak_reserved_bytes", "num_evictions", "num_prefetches", "num_faults", "num_ooms",
+                    "num_planned_steps", "frozen_bytes_d2h", "num_invalid_frees")))
         known = KNOWN_OUT_OF_MEMORY.get((name, rec["variant"], rec["percent"]))
         if out_of_memory(rec) and (known or (rec["percent"] is not None and rec["percent"] < STRICT_PERCENT)):
             check(True, f"{title}: " + (f"KNOWN LIMIT ({known}): " if known else "")
@@ -231,25 +309,32 @@ def check_case(check, name, done, plain):
         check(rec["rc"] == 0 and same(ref, rec["result"]),
               f"{title}: losses, gradient and state_dict sha256s identical to plain torch's"
               + ("" if rec["rc"] == 0 else f" (exited {rec['rc']}: {rec['error']})"))
-        if not s:
-            check(False, f"{title}: no stats file")
-            continue
-        if rec["limit"]:
-            check(s["num_evictions"] > 0 and s["num_ooms"] == 0 and s["peak_reserved_bytes"] <= rec["limit"],
-                  f"{title}: {s['num_evictions']} evictions, {s['num_ooms']} out-of-memory, peak "
-                  f"{s['peak_reserved_bytes'] / MIB:.1f} MiB within the limit")
-        else:
-            got = s["peak_reserved_bytes"]
-            low = 0 if "--offload-frozen" in rec["flags"] else peak * (1 - PEAK_TOLERANCE)
-            check(low <= got <= peak * (1 + PEAK_TOLERANCE),
-                  f"{title}: peak reserve {got / MIB:.1f} MiB, within 1% of --no-offload's {peak / MIB:.1f} MiB"
-                  + (" (or below it)" if low == 0 else ""))
-        check(s["num_invalid_frees"] == 0,
-              f"{title}: no free of memory the pool did not hand out (num_invalid_frees {s['num_invalid_frees']})")
-        if rec["rc"] == 0:
-            check(s["num_tracked_blocks"] == 0 and s["host_bytes"] == 0,
-                  f"{title}: at exit no handle tracked ({s['num_tracked_blocks']}) and nothing on the host "
-                  f"({s['host_bytes']} B)")
+        for (who, s), own_peak in zip(stats_of(rec), peaks):
+            check_stats(check, title + who, rec, s, own_peak)
+
+
+def check_stats(check, title, rec, s, peak):
+    """One process's statistics at the end of a limited run: within the limit with evictions
+    (or, with no limit, the peak of --no-offload's `peak`), no invalid free, nothing left."""
+    if not s:
+        check(False, f"{title}: no stats file")
+        return
+    if rec["limit"]:
+        check(s["num_evictions"] > 0 and s["num_ooms"] == 0 and s["peak_reserved_bytes"] <= rec["limit"],
+              f"{title}: {s['num_evictions']} evictions, {s['num_ooms']} out-of-memory, peak "
+              f"{s['peak_reserved_bytes'] / MIB:.1f} MiB within the limit")
+    else:
+        got = s["peak_reserved_bytes"]
+        low = 0 if "--offload-frozen" in rec["flags"] else peak * (1 - PEAK_TOLERANCE)
+        check(low <= got <= peak * (1 + PEAK_TOLERANCE),
+              f"{title}: peak reserve {got / MIB:.1f} MiB, within 1% of --no-offload's {peak / MIB:.1f} MiB"
+              + (" (or below it)" if low == 0 else ""))
+    check(s["num_invalid_frees"] == 0,
+          f"{title}: no free of memory the pool did not hand out (num_invalid_frees {s['num_invalid_frees']})")
+    if rec["rc"] == 0:
+        check(s["num_tracked_blocks"] == 0 and s["host_bytes"] == 0,
+              f"{title}: at exit no handle tracked ({s['num_tracked_blocks']}) and nothing on the host "
+              f"({s['host_bytes']} B)")
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -268,13 +353,12 @@ def versions():
 def table_rows(names, results, plains, vers):
     rows = []
     for name in names:
-        case, done = CASES[name], results[name]
-        runs, peak = done["runs"], done["peak"]
+        case, runs = CASES[name], results[name]["runs"]
         ref = plains[name]["result"]
         for label, rec in runs.items():
             if not is_limited(label):
                 continue
-            s = rec["stats"] or {}
+            ranks = [st or {} for _, st in stats_of(rec)]
             if rec["rc"] == 0:
                 identical = "yes" if same(ref, rec["result"]) else "**no**"
             elif out_of_memory(rec):
@@ -282,12 +366,24 @@ def table_rows(names, results, plains, vers):
             else:
                 identical = f"**failed**: {(rec['error'] or '')[:120]}"
             model = case["model"] + "".join(f", `{f}`" for f in rec["flags"])
-            rows.append([f"{case['library']} {vers[case['library']]}", model, f"{peak / MIB:.0f} MiB",
-                         "none" if not rec["limit"] else f"{rec['limit'] // MIB} MiB ({rec['percent']}%)",
-                         f"{s['peak_reserved_bytes'] / MIB:.0f} MiB" if s else "",
-                         str(s.get("num_evictions", "")), identical,
+            peaks = [st or {} for _, st in stats_of(runs["peak"])]
+            limit = "none" if not rec["limit"] else f"{rec['limit'] // MIB} MiB ({rec['percent']}%"
+            if rec["limit"] and case.get("ranks"):
+                limit += f" of {results[name]['peak'] / MIB:.0f} MiB"
+            rows.append([f"{case['library']} {vers[case['library']]}", model, per_rank(peaks, "peak_reserved_bytes"),
+                         limit + ("" if limit == "none" else ")"),
+                         per_rank(ranks, "peak_reserved_bytes"), per_rank(ranks, "num_evictions"), identical,
                          f"{rec['seconds']:.1f} ({runs['peak']['seconds']:.1f})"])
     return rows
+
+
+def per_rank(stats, key):
+    """A figure of the table: "56 MiB" for one process, "60 / 60 MiB" rank by rank for a
+    distributed run ("" where a process wrote no statistics)."""
+    if key == "peak_reserved_bytes":
+        figures = [f"{st[key] / MIB:.0f}" if key in st else "?" for st in stats]
+        return "" if not any(stats) else " / ".join(figures) + " MiB"
+    return " / ".join(str(st.get(key, "?")) for st in stats) if any(stats) else ""
 
 
 def table(names, results, plains, command):
@@ -297,7 +393,9 @@ def table(names, results, plains, command):
     lines = [f"Made by `{command}` on {datetime.date.today().isoformat()}: torch {vers['torch']}, Python "
              f"{platform.python_version()}, the CPU-emulation mode, {os.cpu_count()} cores, one thread a run. "
              "Peaks are vramswap's `peak_reserved_bytes` (the peak without vramswap: `vramswap run "
-             "--no-offload`'s); seconds are each run's wall time, the process's start and imports included.",
+             "--no-offload`'s), rank by rank for the distributed runs (rank 0 first; torchrun gives every rank "
+             "one environment, so one limit: 60% of the smaller peak); seconds are each run's wall time, the "
+             "process's start and imports included (torchrun's and all its ranks' for a distributed run).",
              "",
              "| " + " | ".join(head) + " |",
              "| " + " | ".join("---" for _ in head) + " |"]

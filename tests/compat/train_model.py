@@ -64,6 +64,37 @@ def loop_start():
     return a, model, rows
 
 
+def rank_start():
+    """What the distributed scripts (train_ddp.py, train_fsdp2.py) begin with, in each rank
+    torchrun starts: their arguments (OUT, --steps), the gloo process group (the rank and
+    the rendezvous from torchrun's variables), the suite's Llama, seeded alike on every rank,
+    and the rank's batches: -> (args, rank, world, model, batches), where batches(step) are
+    the inputs of the rank's own shard of step `step` (zoo's batch step * world + rank)."""
+    import torch.distributed as dist
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, default=3)
+    a = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model, batch, _ = zoo.llama(torch)
+    return a, rank, world, model, lambda step: batch(step * world + rank)
+
+
+def rank_finish(a, result):
+    """Gathers every rank's result; rank 0 writes {"world", "ranks": [result of rank 0,
+    1, ...]} to OUT. Ends the process group."""
+    import torch.distributed as dist
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, result)
+    if dist.get_rank() == 0:
+        with open(a.out, "w") as f:
+            json.dump({"world": len(ranks), "ranks": ranks}, f, indent=1)
+        print(f"loss {[r['loss'][-1] for r in ranks]!r}")
+    dist.destroy_process_group()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model", choices=list(zoo.MODELS))

@@ -15,6 +15,11 @@ and checks that each rank's results (losses and parameters after the last step) 
 byte-identical to the plain run's, that the parameters agree across ranks, and that each
 rank's stats file shows evictions and a peak within its limit.
 
+First, `vramswap run` wrapped around the launcher (`vramswap run -- python3 -m
+torch.distributed.run ... train_ddp.py`, and `-- torchrun ...`) must refuse with exit status
+2 and say where it goes (`torchrun ... -m vramswap run -- ...`), before any rank starts: the
+launcher starts every rank in a process of its own, where vramswap would not be installed.
+
 Usage: python3 tests/python/test_ddp.py   (exit status 0: every check held)
 Paths: VRAMSWAP_LIBRARY, VRAMSWAP_CUDASIM_DIR, VRAMSWAP_CACHE_DIR (as test_vramswap_run.py).
 """
@@ -73,10 +78,25 @@ def launch(prefix, tmp, tag, per_rank_env):
     return results
 
 
+def check_wrapped_launcher_refused(tmp):
+    """`vramswap run` around torchrun would install vramswap in the launcher alone."""
+    py = sys.executable
+    out = Path(tmp) / "wrapped.json"
+    for launcher in (["python3", "-m", "torch.distributed.run"], ["torchrun"]):
+        proc = subprocess.run([py, "-m", "vramswap", "run", "--"] + launcher
+                              + ["--standalone", "--nproc-per-node", str(WORLD), str(SCRIPT), str(out)],
+                              env=child_environment({"VRAMSWAP_TORCH_DEVICE": "cpu-sim"}), cwd=tmp,
+                              capture_output=True, text=True, timeout=300)
+        check(proc.returncode == 2 and "-m vramswap run --" in proc.stderr and not out.exists(),
+              f"vramswap run -- {' '.join(launcher)} ...: refused with status 2 ({proc.returncode}), no rank "
+              f"started, and says to put vramswap run after the launcher: {proc.stderr.strip()[-400:]}")
+
+
 def main():
     py = sys.executable
     run = [py, "-m", "vramswap", "run"]
     with tempfile.TemporaryDirectory(prefix="vramswap-ddp-") as tmp:
+        check_wrapped_launcher_refused(tmp)
         plain = launch([py], tmp, "plain", lambda rank: {})
         for rank, (rc, _, err, res) in enumerate(plain):
             check(rc == 0 and res is not None, f"plain DDP, rank {rank} trained (status {rc}) {err[-600:]}")

@@ -43,6 +43,11 @@ asks, and writes VRAMSWAP_STATS_FILE at exit. The exit status is the script's.
 
 A leading interpreter (`-- python script.py`, `-- python3 ...`, `-- /usr/bin/python3 ...`)
 is skipped: the script runs in this interpreter.
+
+torch's launchers (`-m torch.distributed.run`, `-m torch.distributed.launch`, `torchrun`) are
+refused with exit status 2: they start every rank in a process of their own, where vramswap
+would not be installed (only the launcher would run under it). `vramswap run` goes after the
+launcher, in each rank: `torchrun [OPTIONS] -m vramswap run -- script.py args...`.
 """
 import contextlib
 import os
@@ -67,6 +72,8 @@ outermost module); --offload-optimizer keeps optimizer state off the device betw
 (vramswap.offload_optimizer on each optimizer).
 With a CUDA device, vramswap becomes torch's CUDA allocator (vramswap.install());
 VRAMSWAP_TORCH_DEVICE=cpu-sim (or no CUDA device) selects the CPU-emulation mode.
+Several processes: run goes inside torch's launcher, in every rank
+(`torchrun --nproc-per-node N -m vramswap run -- train.py`); around it, it is refused.
 
 bench, replay: the memory-pressure benchmark on cudasim in virtual time (no GPU, no torch);
 `vramswap bench --help` and `vramswap replay --help` describe them.
@@ -74,6 +81,18 @@ bench, replay: the memory-pressure benchmark on cudasim in virtual time (no GPU,
 doctor: what vramswap will do here: versions, CUDA devices, the install path, whether each
 torch extension builds and loads, the VRAMSWAP_* settings in force and their sources, the
 libraries loaded (--json: one JSON object). Exit status 2 for a bad VRAMSWAP_* value."""
+
+
+# torch's launchers, which start each rank in a new process: `vramswap run` must be inside them.
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_LAUNCHER_SCRIPTS = ("torchrun",)
+
+
+def _launcher(kind, target):
+    """The launcher `target` names, or None."""
+    if kind == "module":
+        return target if target in _LAUNCHER_MODULES else None
+    return target if os.path.basename(target) in _LAUNCHER_SCRIPTS else None
 
 
 def _usage(status):
@@ -189,6 +208,12 @@ def run(argv):
     except ValueError as e:
         print(f"vramswap run: {e}", file=sys.stderr)
         return _usage(2)
+    launcher = _launcher(kind, target)
+    if launcher:
+        print(f"vramswap run: {launcher} starts every rank in a process of its own, where vramswap would not be "
+              "installed; put vramswap run after the launcher, in each rank: torchrun [OPTIONS] -m vramswap run -- "
+              "script.py ARGS", file=sys.stderr)
+        return 2
     if kind == "path" and not os.path.exists(target):
         print(f"vramswap run: can't open file {target!r}", file=sys.stderr)
         return 2

@@ -27,6 +27,9 @@ tagged, placed on pages of their own) and installs torch.autograd.graph.saved_te
              bookkeeping (its count of live _Saved objects, the releases counter) takes the
              queued handles at its next locked step (Note [No lock in a destructor]).
 
+  replaced   an unpack whose block the program freed while the alias held its storage
+             (Note [Replaced storage]) returns the alias as it is, counted in `replaced`.
+
 Why an alias and not t itself: the tensor autograd passes to the pack hook is usually the
 forward's own TensorImpl, so holding it would make the storage's use count 1 while the
 forward still uses the tensor (a residual), and the block would be evicted while
@@ -47,6 +50,22 @@ deque (atomic, lock-free), and every locked step of the tracker begins by draini
 queue into the bookkeeping. Until then the tracker counts one _Saved too many for the
 handle, which can only delay a cold mark (a block is cold when the storage's use count
 equals that count), never make one early.
+
+Note [Replaced storage]
+-----------------------
+A program may give a storage other memory while autograd holds a tensor saved on it:
+`untyped_storage().resize_()` frees the old memory and allocates new. FSDP does this with
+every unsharded parameter (fully_shard; FSDP1's flat parameters): it all-gathers the
+parameters into the storage before a layer's forward, frees the memory after it
+(resize_(0)), and gathers again into fresh memory before the layer's backward. Under
+`vramswap run` the first gather runs inside the offload scope, so the weight a layer saves
+is a tagged block, packed; its free makes the handle stale (vramswap_unpack refuses it,
+saying so). A live _Saved still holds one pack of its handle, so the handle cannot have been
+released: its block was freed, and since the alias holds the storage, only because the
+program replaced the storage's memory. What backward must read then is what the storage
+holds now, as without vramswap, so unpack returns the alias untouched. The new memory is
+the program's own (the second gather runs in backward, outside any scope): nothing to
+fetch. The stale handle's release at the _Saved's death is refused and changes nothing.
 """
 import collections
 import contextlib
@@ -56,6 +75,11 @@ import threading
 import torch
 
 from . import _ext, _lib, sim
+
+
+# How vramswap's last error names a handle whose block was freed (or its last pack released)
+# since it was packed (include/vramswap/vramswap.h: "stale", named in the message).
+_STALE = " is stale: "
 
 
 class _Saved:
@@ -83,7 +107,7 @@ class _Tracker:
         self._depth = 0        # open offload() scopes, all threads
         self._new_graph = True
         self._drops = collections.deque()  # (handle, released) of dead _Saved, not yet counted
-        self.stats = {"packs": 0, "untagged": 0, "unpacks": 0, "releases": 0}
+        self.stats = {"packs": 0, "untagged": 0, "unpacks": 0, "replaced": 0, "releases": 0}
 
     @contextlib.contextmanager
     def _locked(self):
@@ -190,6 +214,10 @@ class _Tracker:
             from ._errors import OutOfMemoryError
             message = _lib.last_error()
             raise OutOfMemoryError(message if message.startswith("vramswap: ") else "vramswap: " + message)
+        if rc != 0 and _STALE in _lib.last_error():  # Note [Replaced storage]
+            with self._locked():
+                self.stats["replaced"] += 1
+            return p.tensor
         _lib.check(rc, "vramswap_unpack")
         sim.synchronize()
         with self._locked():
@@ -247,7 +275,7 @@ def offload(horizon=None, min_bytes=None):
 
 
 def tracker_stats():
-    """The tracker's own counters (packs, untagged, cold, unpacks, releases)."""
+    """The tracker's own counters (packs, untagged, cold, unpacks, replaced, releases)."""
     return _tracker.stats_snapshot()
 
 
