@@ -83,9 +83,11 @@ def _child_env(spec):
     env = dict(os.environ)
     # A parent with the CPU-emulation mode switched on must not make the child import torch.
     env.pop("VRAMSWAP_TORCH_DEVICE", None)
-    # CUDASIM_HOST_COSTS passes: what the host's slow calls cost is the caller's question.
+    # CUDASIM_HOST_COSTS and CUDASIM_HOST_VMM pass: what the host's slow calls cost, and
+    # whether the driver can map host memory (kept blocks stay addressable), are the caller's
+    # questions.
     for key in [k for k in env if k.startswith("CUDASIM_") or k.startswith("VRAMSWAP_")]:
-        if key not in ("VRAMSWAP_LIBRARY", "VRAMSWAP_CUDASIM_DIR", "CUDASIM_HOST_COSTS"):
+        if key not in ("VRAMSWAP_LIBRARY", "VRAMSWAP_CUDASIM_DIR", "CUDASIM_HOST_COSTS", "CUDASIM_HOST_VMM"):
             del env[key]
     env["PYTHONPATH"] = str(_PACKAGE_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update({
