@@ -636,6 +636,10 @@ class Runner:
         """tests/gpu/vmm_cost.py: what CUDA's VMM calls and pinning cost."""
         return self._measure("vmm_cost.py", ["--cpu-sim", "--granules", "32"] if self.args.cpu_sim else [])
 
+    def hooks(self):
+        """tests/gpu/allocator_hooks.py: empty_cache, expandable segments, host VMM."""
+        return self._measure("allocator_hooks.py", ["--cpu-sim"] if self.args.cpu_sim else [])
+
     def oom(self):
         """oom_main in a child: its result, or {"status": ..., "message": ...}."""
         remaining = self.deadline - time.monotonic()
@@ -776,6 +780,7 @@ def markdown(report):
     lines += copy_order_markdown(report.get("copy_order") or {})
     lines += vmm_markdown(report.get("vmm") or {})
     lines += oom_markdown(report.get("oom") or {})
+    lines += hooks_markdown(report.get("allocator_hooks") or {})
     lines.append("Checks: all held." if not report["failures"] else "Checks:")
     lines += [f"- FAIL: {f}" for f in report["failures"]]
     lines += [f"- note: {n}" for n in report["notes"]]
@@ -834,6 +839,18 @@ def oom_markdown(oom):
             f" (torch.cuda.OutOfMemoryError: {'yes' if oom.get('is_torch_oom') else 'no'}); allocating "
             f"afterwards {'worked' if oom.get('recovered') else '**failed**'}. Message: "
             f"\"{oom.get('message', '')[:400]}\"".replace("|", "\\|").replace("\n", " "), ""]
+
+
+def hooks_markdown(hooks):
+    """The allocator-hooks line (tests/gpu/allocator_hooks.py)."""
+    if hooks.get("status") != "ok":
+        return [f"Allocator hooks: {hooks.get('status', 'not run')}: {hooks.get('message', '')[:300]}", ""]
+    parts = []
+    for name, c in (hooks.get("cases") or {}).items():
+        facts = ", ".join(f"{k} {v}" for k, v in c.items() if k not in ("status", "message"))
+        parts.append(f"{name} {c['status']}" + (f" ({facts})" if facts else "")
+                     + (f": {c['message'][:200]}" if c.get("message") else ""))
+    return ["Allocator hooks (tests/gpu/allocator_hooks.py): " + "; ".join(parts).replace("|", "\\|") + ".", ""]
 
 
 def clock_words(measured):
@@ -1023,6 +1040,7 @@ def main(argv):
         copies = measurement("copies", runner.copies)
         order = measurement("copy order", runner.copy_order)
         vmm = measurement("VMM calls", runner.vmm)
+        hooks = measurement("allocator hooks", runner.hooks)
         print(f"{'out-of-memory check':24s} ...", end="", flush=True)
         oom = runner.oom()
         print(f" {oom['status']}: " + (f"{oom.get('exception')}: {oom.get('message', '')[:300]}"
@@ -1033,6 +1051,7 @@ def main(argv):
     failures += oom_failures(oom)
     failures += measurement_failures("copy order", order)
     failures += measurement_failures("VMM calls", vmm)
+    failures += measurement_failures("allocator hooks", hooks)
     ref = by_mode.get("torch", {})
     date = datetime.date.today().isoformat()
     for r in results:  # the digests did their work; the files keep one per mode
@@ -1040,7 +1059,7 @@ def main(argv):
             digests = json.dumps(r.pop("grad_digests"), sort_keys=True).encode()
             r["grads_digest"] = hashlib.sha256(digests).hexdigest()
     report = {"date": date, "command": command, "device": device, "torch_version": info["torch_version"],
-              "workload": cfg, "num_parameters": ref.get("num_parameters"), "modes": results, "copies": copies, "copy_order": order, "vmm": vmm, "oom": oom,
+              "workload": cfg, "num_parameters": ref.get("num_parameters"), "modes": results, "copies": copies, "copy_order": order, "vmm": vmm, "allocator_hooks": hooks, "oom": oom,
               "failures": failures, "notes": notes, "passed": not failures}
     json_path, md_path = output_paths(args, date, slug)
     json_path.write_text(json.dumps(report, indent=2) + "\n")
