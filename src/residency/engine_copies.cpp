@@ -62,21 +62,29 @@ void* Engine::Impl::backing_host(uint32_t slot, std::string* why) {
            format_size(host_.limit_bytes() - std::min(host_.limit_bytes(), used)) + " left";
     return nullptr;
   }
+  auto b = std::make_unique<HostBacking>();
   try {
-    auto b = std::make_unique<HostBacking>();
     b->pages = cuda::PhysicalPages::on_host(device_, s.placed);
-    if (b->pages.size() != s.placed) {
-      *why = "host memory comes in " + format_size(b->pages.size()) + " for a span of " + format_size(s.placed);
-      return nullptr;
-    }
-    b->va = cuda::VaReservation(s.placed, pool_.granularity());
-    b->own = cuda::Mapping(b->va.base(), b->pages);
-    backed_bytes_ += s.placed;
-    s.backing = std::move(b);
   } catch (const cuda::CudaError& e) {
     *why = e.what();
     return nullptr;
   }
+  // Counted from here: a failure below gives the pages back through free_backing, which
+  // keeps what CUDA refuses to release for later (a destructor could only drop it).
+  backed_bytes_ += b->pages.size();
+  try {
+    if (b->pages.size() != s.placed)
+      throw cuda::CudaError("host memory comes in " + format_size(b->pages.size()) + " for a span of " +
+                                format_size(s.placed),
+                            CUDA_ERROR_NOT_SUPPORTED);
+    b->va = cuda::VaReservation(s.placed, pool_.granularity());
+    b->own = cuda::Mapping(b->va.base(), b->pages);
+  } catch (const cuda::CudaError& e) {
+    *why = e.what();
+    free_backing(std::move(b));
+    return nullptr;
+  }
+  s.backing = std::move(b);
   update_peaks();
   return s.backing->host();
 }
