@@ -239,6 +239,8 @@ void* DevicePool::Impl::allocate_slow(size_t size, uint64_t rounded, cudaStream_
   ++num_ooms_;
   trace_oom(size, stream);
   *error = oom_report(size, rounded, why);
+  // Note [Why nothing fits]: at its own size, anywhere on the mapped granules.
+  if (why == "the limit") *error += why_nothing_fits(round_up(size, kAlignment), stream, offloadable);
   return nullptr;
 }
 

@@ -342,8 +342,11 @@ Result DevicePool::Impl::map_block(void* ptr, MapWait wait, cudaStream_t stream)
     // block is the caller's (its engine's lock is held): still live and away after the wait.
     if (steps < 3 || !await_held_blocks(lock, round)) break;
   }
+  // Note [Why nothing fits], for a block needed now (the others' refusals are tried again).
+  const std::string why_not =
+      wait == MapWait::kSynchronize && why == "the limit" ? why_nothing_fits(size, stream, true, addr) : "";
   return {false, "map of " + format_pointer(ptr) + " (" + format_size(size) + "): refused by " + why + ": " +
-                     oom_report(size, size, why),
+                     oom_report(size, size, why) + why_not,
           true};
 }
 

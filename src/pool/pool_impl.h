@@ -496,6 +496,11 @@ class DevicePool::Impl {
   bool call_reclaimer(uint64_t bytes, ReclaimMode mode, cudaStream_t stream, std::unique_lock<std::mutex>& lock);
   void* take(BlockIt b, uintptr_t start, uint64_t size, cudaStream_t stream, bool offloadable, bool mapped_new);
   std::string oom_report(size_t requested, uint64_t rounded, const std::string& why) const;
+  // Note [Why nothing fits] (pressure.cpp): why a block of `size` (a kind `offloadable` on
+  // `stream`) finds no place within the limit, by bytes or by granules, for the out-of-memory
+  // report ("" when neither explains it). `at`: an away block's address, whose pages are to be
+  // mapped there (map_block); 0: a new block, anywhere.
+  std::string why_nothing_fits(uint64_t size, cudaStream_t stream, bool offloadable, uintptr_t at = 0);
   uint64_t granule_index(uintptr_t addr) const { return (addr - va_.base()) / granularity_; }
 
   const int device_;

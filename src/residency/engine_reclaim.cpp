@@ -111,6 +111,23 @@ std::string Engine::Impl::granules_that_cannot_go() {
 }
 
 std::string Engine::Impl::pressure_report() {
+  // Tagged blocks resident and not evictable, by why: what could have been evicted and was not
+  // (Note [Why nothing fits] in pool/pressure.cpp says what the pool's memory could not serve).
+  uint64_t in_use = 0, in_window = 0;
+  {
+    std::lock_guard lock(mu_);
+    const policy::Window window = policy::window_of(order_, options_.horizon);
+    for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+      const policy::BlockView v = view(slot);
+      if (!v.live || v.state != policy::BlockState::kResident || policy::evictable(v, window.count(slot))) continue;
+      if (!v.cold || v.unpacked) in_use += v.placed;
+      else if (window.count(slot)) in_window += v.placed;
+    }
+  }
+  std::string held;
+  if (in_use > 0) held = format_size(in_use) + " in use (not cold yet, or unpacked by backward)";
+  if (in_window > 0) held += (held.empty() ? "" : " and ") + format_size(in_window) + " cold in the prefetch window";
+  if (!held.empty()) held = " Tagged and resident but not evictable: " + held + ".";
   const EngineStats s = stats();
   const pool::PoolStats ps = pool_.stats();
   const uint64_t untagged = ps.allocated_bytes > s.tagged_bytes ? ps.allocated_bytes - s.tagged_bytes : 0;
@@ -122,7 +139,8 @@ std::string Engine::Impl::pressure_report() {
          (disk_ ? " (" + format_size(s.disk_bytes) + " of it moved on to the disk tier in " + disk_->dir() + ")" : "") +
          "; host tier " + format_size(s.host_bytes) + " used of " + format_size(host_.limit_bytes()) + "." +
          (host_refusal_.empty() ? "" : " Eviction stopped: " + host_refusal_ + ".") +  // the latest reason
-         (disk_refusal_.empty() ? "" : " No disk tier: " + disk_refusal_ + ".") + granules_that_cannot_go();
+         (disk_refusal_.empty() ? "" : " No disk tier: " + disk_refusal_ + ".") + held +
+         granules_that_cannot_go();
 }
 
 }  // namespace vramswap::residency

@@ -124,9 +124,11 @@ DISTRIBUTIONS = ("torch", "transformers", "peft", "timm", "accelerate", "lightni
 # (case, variant label, percent) -> why a run at STRICT_PERCENT may end in an out-of-memory that
 # reports itself. Each is a finding: the table shows the out-of-memory.
 KNOWN_OUT_OF_MEMORY = {
-    ("resnet", "", 60): "in backward, an activation's gradient (untagged) does not fit: the room under the "
-                        "limit is split between unmapped headroom and reserved-but-free memory in granules "
-                        "the pool cannot give it (README, Limits: small saved tensors at a few granules)",
+    ("resnet", "", 60): "in its second step's backward, an 8 MiB gradient (untagged) does not fit by granules: "
+                        "the reserved-but-free memory lies in pieces beside blocks in use; and no placement could "
+                        "fit it: there autograd holds 36.8 MiB nothing tags (parameters, gradients, AdamW's state, "
+                        "the batch) and an 8 MiB saved activation it is using, 52.8 MiB with the request under a "
+                        "52 MiB limit (DESIGN.md, the pool's placement: Note [Why nothing fits])",
 }
 
 

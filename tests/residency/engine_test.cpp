@@ -578,7 +578,8 @@ TEST_F(EngineTest, ASharedGranuleWithABlockInUseIsNotAVictim) {
 // with cold blocks evictable and the allocation refused all the same, the report says which
 // granules stay mapped and why, and once the block holding them is cold it says nothing of
 // the kind. (The DTR prototype's TreeLSTM log ran out of memory with 29.9 MiB "evictable"
-// and 62 MiB "on the host", and the report did not say why neither could help.)
+// and 62 MiB "on the host", and the report did not say why neither could help.) It also says
+// what of the tagged and resident bytes could not be evicted and why: block 7, in use.
 TEST_F(EngineTest, AnOutOfMemoryNamesTheGranulesItsColdBlocksCannotFree) {
   EngineOptions options;
   options.horizon = 0;
@@ -594,6 +595,8 @@ TEST_F(EngineTest, AnOutOfMemoryNamesTheGranulesItsColdBlocksCannotFree) {
             report.find("1 granule (2 MiB) stays mapped under 1.75 MiB of cold blocks, because another block on "
                         "each is in use, untagged, or tagged and never saved"))
       << report;
+  EXPECT_NE(std::string::npos, report.find("Tagged and resident but not evictable: 256 KiB in use"))
+      << "what could not be evicted, and why: " << report;
   ASSERT_TRUE(engine_->mark_cold(saved.handles[7], stream_).ok);
   EXPECT_EQ(std::string::npos, engine_->pressure_report().find("stays mapped")) << "every block on it may go now";
   unpack_all(saved, 80, small);
