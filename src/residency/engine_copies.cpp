@@ -147,10 +147,7 @@ uint64_t Engine::Impl::host_checksum(const Slot& s) {
 
 bool Engine::Impl::start_eviction(uint32_t slot) {
   Slot& s = slots_[slot];
-  if (stays_on_device(s)) {
-    host_refusal_ = "kept block " + format_hex(s.addr) + " shares its granules: it stays on the device";
-    return false;
-  }
+  if (stays_on_device(s)) return false;  // the policy never picks it; a plan made without that may
   std::string no_backing;
   void* backed = backing_host(slot, &no_backing);
   if (!no_backing.empty())
