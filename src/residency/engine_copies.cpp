@@ -50,7 +50,10 @@ namespace vramswap::residency {
 // making H fails) a kept block is evicted as any block, through the host tier, and the
 // Python layer's state_dict and load_state_dict hooks and vramswap.materialize() are the
 // cover (README, Guarantees). Not covered: a block's granules that a refused cuMemUnmap
-// left mapped (the block is then evicted as any block), and peers' access to H.
+// left mapped (the block is then evicted as any block), peers' access to H, and a read that
+// races with the block's fetch ahead of its use: the copy into the device pages is not
+// ordered before a read nobody announced, so such a read is exact only after the device is
+// synchronized (vramswap.h says so; the stress test's reads of cold kept blocks do that).
 
 void* Engine::Impl::backing_host(uint32_t slot, std::string* why) {
   Slot& s = slots_[slot];
