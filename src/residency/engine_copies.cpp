@@ -933,7 +933,6 @@ void Engine::Impl::finish(uint32_t slot) {
   if (s.residency == Residency::kEvicting) {
     if (s.cancel) {  // wanted again before the copy ended: it never left
       give_back_host(s);
-      if (s.backing && !s.kept) release_backing(s, s.unordered_copy);  // unkept while it was leaving
       s.residency = Residency::kResident;
       debug("eviction cancelled (used again before its copy landed)", s);
     } else {  // clean: its pages go when memory is needed (drop)
@@ -966,7 +965,6 @@ void Engine::Impl::finish(uint32_t slot) {
       give_back_host(s);  // behind d2h_ when a copy out queued behind the fetch lost its event
       s.residency = Residency::kResident;
       debug("fetch landed, resident", s);
-      if (s.backing && !s.kept) release_backing(s, s.unordered_copy);  // unkept while it was away
     }
   }
   events_.release(std::move(s.copy_event));

@@ -420,10 +420,11 @@ class Engine::Impl : private policy::ReactiveEngine {
   // Gives the block's host buffer back: at once, or behind the stream of a copy that may
   // still use it (Slot::unordered_copy).
   // A kept block's host memory of the VMM API stays with it (Note [Kept blocks stay
-  // addressable]): only the pointer goes.
+  // addressable]): only the pointer goes, and the memory too once the block is kept no more.
   void give_back_host(Slot& s) {
     if (s.backing && s.host == s.backing->host()) {
       s.host = nullptr;
+      if (!s.kept) release_backing(s, s.unordered_copy);  // unkept while it was away
       return;
     }
     if (s.unordered_copy) deferred_.push_back({s.host, cuda::Event(), s.unordered_copy, nullptr});
@@ -478,7 +479,6 @@ class Engine::Impl : private policy::ReactiveEngine {
   // A clean block becomes plainly resident: its host copy is not needed any more.
   void forget_host_copy(Slot& s) {
     give_back_host(s);
-    if (s.backing && !s.kept) release_backing(s, s.unordered_copy);  // unkept since it left
     s.residency = Residency::kResident;
     st_.clean_bytes -= s.placed;
   }
