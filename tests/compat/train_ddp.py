@@ -8,25 +8,16 @@ every rank).
 
 Usage: torchrun --nproc-per-node N train_ddp.py OUT [--steps N]
 """
-import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from train_model import digest, rank_finish, rank_start
+from train_model import digest, rank_finish, rank_start, rank_train
 
 
 def main():
     a, rank, world, model, batches = rank_start()
     model = DistributedDataParallel(model)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    result = {"rank": rank, "loss": [], "grad_sha256": []}
-    for step in range(a.steps):
-        opt.zero_grad()
-        loss = model(**batches(step)).loss
-        loss.backward()
-        result["loss"].append(loss.item())
-        result["grad_sha256"].append(digest(p.grad for p in model.parameters()))
-        opt.step()
+    result = rank_train(a, rank, model, batches)
     result["param_sha256"] = digest(model.module.state_dict().values())
     rank_finish(a, result)
 

@@ -11,11 +11,10 @@ on every rank).
 
 Usage: torchrun --nproc-per-node N train_fsdp2.py OUT [--steps N]
 """
-import torch
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from train_model import digest, rank_finish, rank_start
+from train_model import digest, rank_finish, rank_start, rank_train
 
 
 def local(t):
@@ -28,15 +27,7 @@ def main():
         fully_shard(layer)
     fully_shard(model)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    result = {"rank": rank, "loss": [], "grad_sha256": []}
-    for step in range(a.steps):
-        opt.zero_grad()
-        loss = model(**batches(step)).loss
-        loss.backward()
-        result["loss"].append(loss.item())
-        result["grad_sha256"].append(digest(local(p.grad) for p in model.parameters()))
-        opt.step()
+    result = rank_train(a, rank, model, batches, local)
     state = model.state_dict()
     result["shard_sha256"] = digest(local(v) for v in state.values())
     result["param_sha256"] = digest(v.full_tensor() if isinstance(v, DTensor) else v for v in state.values())

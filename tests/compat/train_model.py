@@ -82,6 +82,22 @@ def rank_start():
     return a, rank, world, model, lambda step: batch(step * world + rank)
 
 
+def rank_train(a, rank, model, batches, local=lambda t: t):
+    """The distributed scripts' loop: AdamW over `model` for a.steps steps on the rank's
+    batches -> {"rank", "loss", "grad_sha256"} (each step's loss and the sha256 of every
+    gradient, `local` taking a sharded one to the rank's own part)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    result = {"rank": rank, "loss": [], "grad_sha256": []}
+    for step in range(a.steps):
+        opt.zero_grad()
+        loss = model(**batches(step)).loss
+        loss.backward()
+        result["loss"].append(loss.item())
+        result["grad_sha256"].append(digest(local(p.grad) for p in model.parameters()))
+        opt.step()
+    return result
+
+
 def rank_finish(a, result):
     """Gathers every rank's result; rank 0 writes {"world", "ranks": [result of rank 0,
     1, ...]} to OUT. Ends the process group."""

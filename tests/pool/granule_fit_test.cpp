@@ -19,6 +19,19 @@ class GranuleFit : public PoolTest {
  protected:
   static constexpr uint64_t kLimit = 8 * kMiB;
   uint64_t limit() const override { return kLimit; }
+  // Sixteen 512 KiB blocks on the limit's four granules, every other one freed: 4 MiB free in
+  // eight pieces of 512 KiB beside blocks in use. The blocks kept are the even ones.
+  void fill_with_pieces(void* (&blocks)[16]) {
+    for (void*& b : blocks) {
+      b = allocate(512 * kKiB);
+      ASSERT_NE(nullptr, b);
+    }
+    ASSERT_EQ(kLimit, sim_counters()->mapped_bytes);
+    for (int i = 1; i < 16; i += 2) deallocate(blocks[i]);
+  }
+  void free_pieces(void* (&blocks)[16]) {
+    for (int i = 0; i < 16; i += 2) deallocate(blocks[i]);
+  }
 };
 
 // Note [Why nothing fits]: an out-of-memory with memory reserved but free says why that memory
@@ -29,12 +42,7 @@ TEST_F(GranuleFit, AnOutOfMemoryReportSaysWhyTheFreeMemoryCannotServe) {
   SKIP_UNLESS_CUDASIM();
   ASSERT_EQ(2 * kMiB, granularity());
   void* blocks[16] = {};
-  for (void*& b : blocks) {
-    b = allocate(512 * kKiB);
-    ASSERT_NE(nullptr, b);
-  }
-  ASSERT_EQ(kLimit, sim_counters()->mapped_bytes);
-  for (int i = 1; i < 16; i += 2) deallocate(blocks[i]);
+  ASSERT_NO_FATAL_FAILURE(fill_with_pieces(blocks));
   std::string error;
   EXPECT_EQ(nullptr, pool().allocate(768 * kKiB, stream_, &error));
   EXPECT_NE(std::string::npos, error.find("reserved but free")) << error;
@@ -42,7 +50,7 @@ TEST_F(GranuleFit, AnOutOfMemoryReportSaysWhyTheFreeMemoryCannotServe) {
   EXPECT_NE(std::string::npos, error.find("needs 1 (")) << "the granule it lacks: " << error;
   EXPECT_NE(std::string::npos, error.find("on 4 granules")) << error;
   EXPECT_TRUE(mentions_size(error, 512 * kKiB)) << "the largest piece: " << error;
-  for (int i = 0; i < 16; i += 2) deallocate(blocks[i]);
+  free_pieces(blocks);
 }
 
 // The same for a block given up that is needed back: its own place needs a granule the limit
@@ -56,18 +64,13 @@ TEST_F(GranuleFit, ARefusedMapBlockSaysWhyTheFreeMemoryCannotServe) {
   ASSERT_NE(nullptr, t) << error;
   ASSERT_TRUE(pool().unmap_block(t).ok);  // away: its page goes to the blocks below
   void* blocks[16] = {};
-  for (void*& b : blocks) {
-    b = allocate(512 * kKiB);
-    ASSERT_NE(nullptr, b);
-  }
-  ASSERT_EQ(kLimit, sim_counters()->mapped_bytes);
-  for (int i = 1; i < 16; i += 2) deallocate(blocks[i]);
+  ASSERT_NO_FATAL_FAILURE(fill_with_pieces(blocks));
   const Result r = pool().map_block(t, DevicePool::MapWait::kSynchronize, stream_);
   EXPECT_FALSE(r.ok);
   EXPECT_TRUE(r.out_of_memory);
   EXPECT_NE(std::string::npos, r.message.find("its place needs 1 (")) << r.message;
   EXPECT_NE(std::string::npos, r.message.find("on 4 granules")) << r.message;
-  for (int i = 0; i < 16; i += 2) deallocate(blocks[i]);
+  free_pieces(blocks);
   ASSERT_TRUE(pool().map_block(t, DevicePool::MapWait::kSynchronize, stream_).ok);
   deallocate(t);
 }
