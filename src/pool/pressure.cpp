@@ -78,11 +78,7 @@ void DevicePool::Impl::empty_cache() {
 // why that memory could not serve. The pool knows two reasons and names the one that holds:
 //   * by bytes: the blocks in use and the request together pass the limit. No placement can
 //     serve it; only blocks given up to offload could (the engine's figures follow: what is
-//     evictable, in flight, in use). resnet10t at 60% of its peak (tests/compat) ends there,
-//     once placement lets it get that far: in its second step's backward, autograd holds
-//     params, gradients, AdamW's state, the batch and two 8 MiB gradients (36.8 MiB, none of it
-//     tagged) and an 8 MiB saved activation it is using, and asks for another 8 MiB: 52.8 MiB
-//     under a 52 MiB limit.
+//     evictable, in flight, in use).
 //   * by granules: the bytes fit, but pages are mapped in whole granules. The place needing
 //     the fewest granules not mapped (find_mapped_fit, any hole) needs more than the limit
 //     leaves (spare pages, headroom, granules no block needs); the reserved-but-free memory lies
